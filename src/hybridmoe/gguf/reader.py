@@ -1,0 +1,398 @@
+"""GGUF reader over np.memmap: header, metadata, tensor index, zero-copy read-only tensor views.
+
+`open_model(path)` returns a `ModelFile` that also handles split models (`X-00001-of-00003.gguf`).
+Every malformed or unsupported file raises `GGUFError` naming the file and the problem, and all
+sizes/counts are checked against the file size before anything big is allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hybridmoe.gguf.constants import (
+    BLOCK_SIZES,
+    DEFAULT_ALIGNMENT,
+    GGUF_MAGIC,
+    MAX_DIMS,
+    SUPPORTED_VERSIONS,
+    VALUE_DTYPES,
+    GGMLType,
+    GGUFValueType,
+    Keys,
+)
+
+log = logging.getLogger(__name__)
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_STRUCT_CHARS = {"u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i", "f4": "f",
+                 "u8": "Q", "i8": "q", "f8": "d"}
+_SCALAR_STRUCTS = {t: struct.Struct("<" + _STRUCT_CHARS[dt[1:]]) for t, dt in VALUE_DTYPES.items()}
+_SPLIT_RE = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+class GGUFError(ValueError):
+    """A malformed or unsupported GGUF file; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    ggml_type: GGMLType
+    ne: tuple[int, ...]  # ggml order, ne[0] innermost
+    shape: tuple[int, ...]  # numpy order = reversed(ne)
+    nbytes: int
+    file_index: int  # which shard of a split model (0 for single files)
+    offset: int  # absolute byte offset in its file
+
+
+class _Cursor:
+    """Sequential little-endian reads from the mapped header; errors mention what was being read."""
+
+    def __init__(self, path: str, buf: memoryview, size: int) -> None:
+        self.path, self.buf, self.size, self.pos = path, buf, size, 0
+
+    def fail(self, msg: str) -> GGUFError:
+        return GGUFError(f"{self.path}: {msg}")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(f"truncated header: {what} needs {n} bytes at offset {self.pos}, "
+                            f"file has {self.size}")
+
+    def u32(self, what: str) -> int:
+        self.need(4, what)
+        v = _U32.unpack_from(self.buf, self.pos)[0]
+        self.pos += 4
+        return v
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        v = _U64.unpack_from(self.buf, self.pos)[0]
+        self.pos += 8
+        return v
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"length of {what}")
+        if n > self.size - self.pos:
+            raise self.fail(f"{what}: string length {n} exceeds the file size ({self.size})")
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            log.warning("%s: %s is not valid UTF-8; undecodable bytes replaced", self.path, what)
+            return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, what: str) -> Any:
+        vt = _value_type(self, vtype, what)
+        if vt == GGUFValueType.STRING:
+            return self.string(what)
+        if vt == GGUFValueType.ARRAY:
+            return self.array(what)
+        st = _SCALAR_STRUCTS[vt]
+        self.need(st.size, what)
+        v = st.unpack_from(self.buf, self.pos)[0]
+        self.pos += st.size
+        return bool(v) if vt == GGUFValueType.BOOL else v
+
+    def array(self, what: str) -> list:
+        etype = _value_type(self, self.u32(f"element type of {what}"), f"elements of {what}")
+        count = self.u64(f"element count of {what}")
+        min_item = 8 if etype in (GGUFValueType.STRING, GGUFValueType.ARRAY) else \
+            _SCALAR_STRUCTS[etype].size
+        if count * min_item > self.size - self.pos:
+            raise self.fail(f"{what}: array of {count} {etype.name} exceeds the file size ({self.size})")
+        if etype == GGUFValueType.STRING:
+            return self.string_array(count, what)
+        if etype == GGUFValueType.ARRAY:
+            return [self.array(f"{what}[{i}]") for i in range(count)]
+        arr = np.frombuffer(self.buf, dtype=VALUE_DTYPES[etype], count=count, offset=self.pos)
+        self.pos += arr.nbytes
+        return arr.astype(bool).tolist() if etype == GGUFValueType.BOOL else arr.tolist()
+
+    def string_array(self, count: int, what: str) -> list[str]:
+        """Fast path for big string arrays (201k tokens, 446k merges).
+
+        Only the length-prefix chain is walked in Python; the payload bytes are gathered with numpy
+        and decoded by one `bytes.decode`, then split at character offsets.
+        """
+        buf, unpack, size = self.buf, _U64.unpack_from, self.size
+        pos0 = pos = self.pos
+        starts = [0] * count
+        try:
+            for i in range(count):
+                n = unpack(buf, pos)[0]
+                pos += 8
+                starts[i] = pos
+                pos += n
+        except struct.error:
+            raise self.fail(f"{what}: truncated or absurd string lengths in the array") from None
+        if pos > size:
+            raise self.fail(f"{what}: string data runs past the end of the file ({size} bytes)")
+        self.pos = pos
+        if count == 0:
+            return []
+        region = np.frombuffer(buf, dtype=np.uint8, count=pos - pos0, offset=pos0)
+        st = np.asarray(starts, dtype=np.int64) - pos0  # payload starts within region
+        keep = np.ones(region.size, dtype=bool)
+        keep[((st - 8)[:, None] + np.arange(8)).ravel()] = False
+        payload = region[keep]
+        # payload offsets of each string's start, plus the end
+        bstart = st - 8 * np.arange(1, count + 1)
+        bounds = np.append(bstart, payload.size)
+        raw = payload.tobytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and len(text) != len(raw):
+            # a string boundary inside a multi-byte character would make per-string decoding differ
+            inner = bounds[(bounds > 0) & (bounds < payload.size)]
+            if np.any((payload[inner] & 0xC0) == 0x80):
+                text = None
+            else:
+                is_char = (payload & 0xC0) != 0x80
+                char_pos = np.concatenate(([0], np.cumsum(is_char)))
+                bounds = char_pos[bounds]
+        if text is None:
+            log.warning("%s: %s holds invalid UTF-8; decoding item by item with replacement",
+                        self.path, what)
+            b = bounds.tolist()
+            return [raw[b[i]:b[i + 1]].decode("utf-8", errors="replace") for i in range(count)]
+        b = bounds.tolist()
+        return [text[x:y] for x, y in zip(b[:-1], b[1:])]
+
+
+def _value_type(cur: _Cursor, vtype: int, what: str) -> GGUFValueType:
+    try:
+        return GGUFValueType(vtype)
+    except ValueError:
+        raise cur.fail(f"{what}: unknown metadata value type {vtype}") from None
+
+
+class GGUFFile:
+    """One GGUF file: parsed header + a read-only memmap of the whole file."""
+
+    def __init__(self, path: str | os.PathLike, file_index: int = 0) -> None:
+        self.path = os.fspath(path)
+        self.file_index = file_index
+        try:
+            size = os.path.getsize(self.path)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from None
+        if size < 24:
+            raise GGUFError(f"{self.path}: truncated header: file is {size} bytes, a GGUF header "
+                            f"needs at least 24")
+        self.size = size
+        self._mm: np.memmap | None = np.memmap(self.path, dtype=np.uint8, mode="r")
+        cur = _Cursor(self.path, memoryview(self._mm), size)
+        self._parse(cur)
+
+    # ---- parsing -------------------------------------------------------------------------------
+    def _parse(self, cur: _Cursor) -> None:
+        magic = cur.u32("magic")
+        if magic != GGUF_MAGIC:
+            raise cur.fail(f"not a GGUF file (magic bytes {bytes(cur.buf[0:4])!r}, expected b'GGUF')")
+        version = cur.u32("version")
+        if version not in SUPPORTED_VERSIONS:
+            if version & 0xFFFF == 0 and (version >> 16) in (2, 3):
+                raise cur.fail("big-endian GGUF files are not supported")
+            raise cur.fail(f"unsupported GGUF version {version} (supported: 2, 3)")
+        self.version = version
+        n_tensors = cur.u64("tensor count")
+        n_kv = cur.u64("metadata count")
+        # smallest KV: key len(8)+1 byte+type(4)+1 byte value; smallest tensor info: 8+1+4+4+8
+        if n_kv * 14 > self.size:
+            raise cur.fail(f"absurd metadata count {n_kv} for a {self.size}-byte file")
+        if n_tensors * 25 > self.size:
+            raise cur.fail(f"absurd tensor count {n_tensors} for a {self.size}-byte file")
+        self.metadata: dict[str, Any] = {}
+        self.value_types: dict[str, GGUFValueType] = {}
+        for i in range(n_kv):
+            key = cur.string(f"key of metadata entry {i}")
+            vtype = cur.u32(f"type of metadata {key!r}")
+            if key in self.metadata:
+                raise cur.fail(f"duplicate metadata key {key!r}")
+            self.metadata[key] = cur.value(vtype, f"metadata {key!r}")
+            self.value_types[key] = GGUFValueType(vtype)
+        self.alignment = self._alignment(cur)
+        raw_infos = [self._tensor_info(cur, i) for i in range(n_tensors)]
+        self.data_offset = -(-cur.pos // self.alignment) * self.alignment
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, ne, gtype, rel in raw_infos:
+            self.tensors[name] = self._finish_info(cur, name, ne, gtype, rel)
+
+    def _alignment(self, cur: _Cursor) -> int:
+        a = self.metadata.get(Keys.ALIGNMENT, DEFAULT_ALIGNMENT)
+        if not isinstance(a, int) or isinstance(a, bool) or a <= 0 or a & (a - 1):
+            raise cur.fail(f"{Keys.ALIGNMENT} = {a!r} is not a positive power of two")
+        return a
+
+    def _tensor_info(self, cur: _Cursor, i: int) -> tuple[str, tuple[int, ...], int, int]:
+        name = cur.string(f"name of tensor {i}")
+        n_dims = cur.u32(f"n_dims of tensor {name!r}")
+        if n_dims > MAX_DIMS:
+            raise cur.fail(f"tensor {name!r}: n_dims = {n_dims} > {MAX_DIMS}")
+        ne = tuple(cur.u64(f"ne[{d}] of tensor {name!r}") for d in range(n_dims))
+        gtype = cur.u32(f"type of tensor {name!r}")
+        rel = cur.u64(f"offset of tensor {name!r}")
+        return name, ne, gtype, rel
+
+    def _finish_info(self, cur: _Cursor, name: str, ne: tuple[int, ...], gtype: int,
+                     rel: int) -> TensorInfo:
+        if name in self.tensors:
+            raise cur.fail(f"duplicate tensor name {name!r}")
+        try:
+            t = GGMLType(gtype)
+        except ValueError:
+            raise cur.fail(f"tensor {name!r}: unknown ggml type id {gtype}") from None
+        be, bb = BLOCK_SIZES[t]
+        ne0 = ne[0] if ne else 1
+        if ne0 % be:
+            raise cur.fail(f"tensor {name!r}: ne[0] = {ne0} is not a multiple of the {t.name} "
+                           f"block size {be}")
+        if rel % self.alignment:
+            raise cur.fail(f"tensor {name!r}: data offset {rel} is not a multiple of the "
+                           f"alignment {self.alignment}")
+        nbytes = ne0 // be * bb
+        for d in ne[1:]:
+            nbytes *= d
+        start = self.data_offset + rel
+        if start + nbytes > self.size:
+            raise cur.fail(f"truncated data: tensor {name!r} ({t.name}, ne={list(ne)}) spans bytes "
+                           f"{start}..{start + nbytes} but the file has {self.size}")
+        return TensorInfo(name=name, ggml_type=t, ne=ne, shape=tuple(reversed(ne)), nbytes=nbytes,
+                          file_index=self.file_index, offset=start)
+
+    # ---- views ---------------------------------------------------------------------------------
+    def raw(self, info: TensorInfo) -> np.ndarray:
+        if self._mm is None:
+            raise GGUFError(f"{self.path}: file is closed")
+        flat = self._mm[info.offset:info.offset + info.nbytes]
+        if not info.ne:
+            return flat
+        be, bb = BLOCK_SIZES[info.ggml_type]
+        return flat.reshape(info.shape[:-1] + (info.ne[0] // be * bb,))
+
+    def close(self) -> None:
+        # Views handed out keep the mapping alive; closing the mmap under them would crash.
+        self._mm = None
+
+
+_TYPED_VIEWS = {GGMLType.F32: np.float32, GGMLType.F16: np.float16}
+
+
+class ModelFile:
+    """A (possibly split) GGUF model: metadata from shard 1, tensor table merged over all shards."""
+
+    def __init__(self, files: list[GGUFFile]) -> None:
+        self.files = files
+        self.path = files[0].path
+        self.metadata: dict[str, Any] = files[0].metadata
+        self.value_types: dict[str, GGUFValueType] = files[0].value_types
+        self.tensors: dict[str, TensorInfo] = {}
+        for f in files:
+            for name, info in f.tensors.items():
+                if name in self.tensors:
+                    first = files[self.tensors[name].file_index].path
+                    raise GGUFError(f"{f.path}: duplicate tensor name {name!r} (also in {first})")
+                self.tensors[name] = info
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise GGUFError(f"{self.path}: missing tensor {name!r}") from None
+
+    def raw(self, name: str) -> np.ndarray:
+        """uint8 read-only memmap view; shape = shape[:-1] + (row_bytes,). Zero copy."""
+        info = self.info(name)
+        return self.files[info.file_index].raw(info)
+
+    def array(self, name: str) -> np.ndarray:
+        """F32 -> float32 view, F16 -> float16 view (numpy shape); other types: raw()."""
+        info = self.info(name)
+        r = self.files[info.file_index].raw(info)
+        dt = _TYPED_VIEWS.get(info.ggml_type)
+        if dt is None:
+            return r
+        return r.view(dt).reshape(info.shape) if info.ne else r.view(dt)
+
+    def require(self, name: str, ne: Iterable[int] | None = None,
+                types: GGMLType | Iterable[GGMLType] | None = None) -> TensorInfo:
+        """Check that tensor `name` exists with ggml dims `ne` and one of `types`; return its info."""
+        info = self.info(name)
+        if ne is not None and tuple(ne) != info.ne:
+            raise GGUFError(f"{self.path}: tensor {name!r}: expected shape (ggml ne) "
+                            f"{list(ne)} got {list(info.ne)}")
+        if types is not None:
+            allowed = (types,) if isinstance(types, GGMLType) else tuple(types)
+            if info.ggml_type not in allowed:
+                raise GGUFError(f"{self.path}: tensor {name!r}: type {info.ggml_type.name} not "
+                                f"supported here (expected {', '.join(t.name for t in allowed)})")
+        return info
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def __enter__(self) -> ModelFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def split_paths(path: str | os.PathLike) -> list[str] | None:
+    """Shard paths of a split model named like `X-0000k-of-0000n.gguf`, else None."""
+    p = os.fspath(path)
+    m = _SPLIT_RE.match(p)
+    if not m:
+        return None
+    count = int(m["count"])
+    if count < 1:
+        raise GGUFError(f"{p}: split file name says 0 shards")
+    return [f"{m['prefix']}-{k:05d}-of-{count:05d}.gguf" for k in range(1, count + 1)]
+
+
+def open_model(path: str | os.PathLike) -> ModelFile:
+    """Open a GGUF model; a shard name `X-0000k-of-0000n.gguf` opens all n shards."""
+    shards = split_paths(path)
+    if shards is None or len(shards) == 1:
+        f = GGUFFile(path)
+        if shards is None and int(f.metadata.get(Keys.SPLIT_COUNT, 1)) > 1:
+            raise GGUFError(f"{f.path}: {Keys.SPLIT_COUNT} = {f.metadata[Keys.SPLIT_COUNT]} but the "
+                            f"name is not of the form X-00001-of-0000N.gguf; cannot find the shards")
+        return ModelFile([f])
+    for s in shards:
+        if not os.path.exists(s):
+            raise GGUFError(f"{shards[0]}: missing shard {s} of a {len(shards)}-part split model")
+    files = [GGUFFile(s, file_index=i) for i, s in enumerate(shards)]
+    for i, f in enumerate(files):
+        count = f.metadata.get(Keys.SPLIT_COUNT)
+        if count is None:
+            raise GGUFError(f"{f.path}: split shard without a {Keys.SPLIT_COUNT} key")
+        if int(count) != len(shards):
+            raise GGUFError(f"{f.path}: {Keys.SPLIT_COUNT} = {count} but the file name says "
+                            f"{len(shards)} shards")
+        no = f.metadata.get(Keys.SPLIT_NO)
+        if no is not None and int(no) != i:
+            raise GGUFError(f"{f.path}: {Keys.SPLIT_NO} = {no}, expected {i}")
+    model = ModelFile(files)
+    total = files[0].metadata.get(Keys.SPLIT_TENSORS_COUNT)
+    if total is not None and int(total) != len(model.tensors):
+        raise GGUFError(f"{files[0].path}: {Keys.SPLIT_TENSORS_COUNT} = {total} but the shards hold "
+                        f"{len(model.tensors)} tensors")
+    return model
