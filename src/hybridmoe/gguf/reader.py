@@ -119,14 +119,8 @@ class _Cursor:
         self.pos += arr.nbytes
         return arr.astype(bool).tolist() if etype == GGUFValueType.BOOL else arr.tolist()
 
-    def string_array(self, count: int, what: str) -> list[str]:
-        """Fast path for big string arrays (201k tokens, 446k merges).
-
-        Only the length-prefix chain is walked in Python; the payload bytes are gathered with numpy
-        and decoded by one `bytes.decode`, then split at character offsets.
-        """
-        buf, unpack, size = self.buf, _U64.unpack_from, self.size
-        pos0 = pos = self.pos
+    def _string_starts_loop(self, count: int, what: str) -> tuple[np.ndarray, int]:
+        buf, unpack, pos = self.buf, _U64.unpack_from, self.pos
         starts = [0] * count
         try:
             for i in range(count):
@@ -136,40 +130,80 @@ class _Cursor:
                 pos += n
         except struct.error:
             raise self.fail(f"{what}: truncated or absurd string lengths in the array") from None
+        return np.asarray(starts, dtype=np.int64), pos
+
+    def string_array(self, count: int, what: str) -> list[str]:
+        """Big string arrays (201k tokens, 446k merges) without a per-item Python loop in the
+        common case: offsets found with numpy, bytes decoded in one call and split."""
+        buf, size = self.buf, self.size
+        pos0 = self.pos
+        found = _string_starts_fast(buf, pos0, count, size)
+        if found is not None:
+            starts, pos = found
+        else:
+            starts, pos = self._string_starts_loop(count, what)
         if pos > size:
             raise self.fail(f"{what}: string data runs past the end of the file ({size} bytes)")
         self.pos = pos
         if count == 0:
             return []
-        region = np.frombuffer(buf, dtype=np.uint8, count=pos - pos0, offset=pos0)
-        st = np.asarray(starts, dtype=np.int64) - pos0  # payload starts within region
+        region = np.array(np.frombuffer(buf, dtype=np.uint8, count=pos - pos0, offset=pos0))
+        st = starts - pos0  # payload starts within region
+        # Turn each 8-byte length prefix into one NUL separator, decode everything at once, split.
+        # Valid only if no string holds a NUL and no character straddles two strings; the fallback
+        # (decode item by item) handles those files.
         keep = np.ones(region.size, dtype=bool)
-        keep[((st - 8)[:, None] + np.arange(8)).ravel()] = False
+        keep[((st - 8)[:, None] + np.arange(7)).ravel()] = False
+        keep[st[0] - 1] = False
+        region[st - 1] = 0
         payload = region[keep]
-        # payload offsets of each string's start, plus the end
-        bstart = st - 8 * np.arange(1, count + 1)
-        bounds = np.append(bstart, payload.size)
-        raw = payload.tobytes()
+        if np.count_nonzero(payload == 0) == count - 1:
+            try:
+                out = payload.tobytes().decode("utf-8").split("\0")
+                if len(out) == count:
+                    return out
+            except UnicodeDecodeError:
+                pass
+        ends = starts[1:].tolist() + [pos + 8]
+        items = [bytes(buf[a:e - 8]) for a, e in zip(starts.tolist(), ends)]
         try:
-            text = raw.decode("utf-8")
+            return [x.decode("utf-8") for x in items]
         except UnicodeDecodeError:
-            text = None
-        if text is not None and len(text) != len(raw):
-            # a string boundary inside a multi-byte character would make per-string decoding differ
-            inner = bounds[(bounds > 0) & (bounds < payload.size)]
-            if np.any((payload[inner] & 0xC0) == 0x80):
-                text = None
-            else:
-                is_char = (payload & 0xC0) != 0x80
-                char_pos = np.concatenate(([0], np.cumsum(is_char)))
-                bounds = char_pos[bounds]
-        if text is None:
-            log.warning("%s: %s holds invalid UTF-8; decoding item by item with replacement",
-                        self.path, what)
-            b = bounds.tolist()
-            return [raw[b[i]:b[i + 1]].decode("utf-8", errors="replace") for i in range(count)]
-        b = bounds.tolist()
-        return [text[x:y] for x, y in zip(b[:-1], b[1:])]
+            log.warning("%s: %s holds invalid UTF-8; undecodable bytes replaced", self.path, what)
+            return [x.decode("utf-8", errors="replace") for x in items]
+
+
+def _string_starts_fast(buf: memoryview, pos0: int, count: int, size: int
+                        ) -> tuple[np.ndarray, int] | None:
+    """Payload offsets of `count` length-prefixed strings at pos0, found with numpy, or None.
+
+    Candidates are bytes that follow a zero byte but are not zero (a prefix's top byte is zero,
+    a payload's first byte usually is not). The result is proven, not guessed: candidate 0 must be
+    pos0 + 8 and each candidate must be exactly where its predecessor's length says. Arrays with
+    empty strings, NULs or lengths >= 256 usually fail the proof and take the Python loop.
+    """
+    if count == 0:
+        return None
+    window = min(size - pos0, count * 32)
+    while True:
+        r = np.frombuffer(buf, dtype=np.uint8, count=window, offset=pos0)
+        cand = np.flatnonzero((r[:-1] == 0) & (r[1:] != 0)) + 1
+        if cand.size >= count:
+            c = cand[:count]
+            if c[0] != 8:
+                return None
+            lens = r[c - 8].astype(np.int64)
+            for k in range(1, 8):
+                lens |= r[c - 8 + k].astype(np.int64) << (8 * k)
+            nxt = c + lens + 8
+            if not np.array_equal(nxt[:-1], c[1:]):
+                return None
+            end = int(nxt[-1]) - 8
+            if end <= window:
+                return c + pos0, pos0 + end
+        if window >= size - pos0:
+            return None
+        window = min(size - pos0, window * 2)
 
 
 def _value_type(cur: _Cursor, vtype: int, what: str) -> GGUFValueType:
