@@ -1,0 +1,159 @@
+"""FastAPI routes only: parse, call `Serving`, answer JSON / SSE / OpenAI error objects.
+
+The app exists before the model is loaded: until `state.serving` is set, /health answers 503
+"Loading model" and every other endpoint 503 as well.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hybridmoe.server.protocol import (
+    APIError,
+    ApplyTemplateRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from hybridmoe.server.serving import Serving
+
+log = logging.getLogger(__name__)
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+
+
+@dataclass
+class ServerState:
+    api_keys: list[str] = field(default_factory=list)
+    metrics_enabled: bool = False
+    serving: Serving | None = None
+    load_error: str | None = None
+
+
+def _error(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errs = exc.errors()
+    if not errs:
+        return "invalid request", None
+    e = errs[0]
+    loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+    if e.get("type") == "json_invalid":
+        return f"malformed JSON body: {e.get('ctx', {}).get('error', e.get('msg'))}", None
+    param = ".".join(loc) or None
+    msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="hybridmoe", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.hm = state
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Any) -> Any:
+        if state.api_keys and request.url.path not in PUBLIC_PATHS:
+            header = request.headers.get("authorization", "")
+            key = header[7:].strip() if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+            if not any(hmac.compare_digest(key.encode(), k.encode()) for k in state.api_keys):
+                return _error(APIError(401, "Invalid API Key", type="authentication_error", code="invalid_api_key"))
+        return await call_next(request)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        msg, param = _validation_message(exc)
+        return _error(APIError(400, msg, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(APIError(exc.status_code, str(exc.detail), type=kind))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _error(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"))
+
+    def serving() -> Serving:
+        if state.serving is None:
+            if state.load_error:
+                raise APIError(503, f"model failed to load: {state.load_error}", type="unavailable_error")
+            raise APIError(503, "Loading model", type="unavailable_error")
+        return state.serving
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health() -> Any:
+        serving()
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models() -> Any:
+        return serving().models()
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat(req: ChatCompletionRequest, request: Request) -> Any:
+        result = await serving().chat(req)
+        return _respond(result)
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def completions(req: CompletionRequest) -> Any:
+        result = await serving().completion(req)
+        return _respond(result)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> Any:
+        return serving().tokenize(req)
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> Any:
+        return serving().detokenize(req)
+
+    @app.post("/apply-template")
+    async def apply_template(req: ApplyTemplateRequest) -> Any:
+        return serving().apply_template(req)
+
+    @app.get("/props")
+    async def props() -> Any:
+        return serving().props()
+
+    @app.get("/slots")
+    async def slots(fail_on_no_slot: int = 0) -> Any:
+        s = serving()
+        info = s.slots()
+        if fail_on_no_slot and all(x["is_processing"] for x in info):
+            raise APIError(503, "no slot available", type="unavailable_error")
+        return info
+
+    @app.get("/metrics")
+    async def metrics() -> Any:
+        if not state.metrics_enabled:
+            raise APIError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                           type="not_supported_error")
+        return PlainTextResponse(serving().metrics_text(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def _respond(result: dict[str, Any] | AsyncIterator[str]) -> Any:
+    if isinstance(result, dict):
+        return result
+    return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

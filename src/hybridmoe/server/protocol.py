@@ -1,0 +1,222 @@
+"""Request models for the OpenAI subset we serve (plus llama-server's extras), and the error type.
+
+Validation happens here, as early as possible: a request that reaches `serving` is well typed.
+Unknown fields are ignored (as llama-server does) so clients that send extras keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class APIError(Exception):
+    """An error answered as `{"error": {"message", "type", "param", "code"}}` with `status`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    thinking: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, v: str | list[TextPart] | None) -> str | list[TextPart] | None:
+        if isinstance(v, list):
+            for part in v:
+                if part.type != "text" or part.text is None:
+                    raise ValueError(f"content part of type {part.type!r} is not supported; only 'text'")
+        return v
+
+    def text(self) -> str | None:
+        if isinstance(self.content, list):
+            return "".join(p.text or "" for p in self.content)
+        return self.content
+
+    def for_template(self) -> dict[str, Any]:
+        """The dict shape HF chat templates expect (content as a plain string)."""
+        msg: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            msg["name"] = self.name
+        if self.tool_calls:
+            msg["tool_calls"] = [
+                {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
+                for tc in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        thinking = self.reasoning_content or self.thinking
+        if thinking:
+            msg["thinking"] = thinking  # the gpt-oss template reads `thinking`
+        return msg
+
+
+class FunctionDef(_Lenient):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class SamplingFields(_Lenient):
+    """Fields shared by chat and legacy completions."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False  # llama-server extra
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _positive(cls, v: int | None) -> int | None:
+        if v is not None and v <= 0:
+            raise ValueError(f"max_tokens must be at least 1, got {v}")
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _single(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"only n=1 is supported, got {v}")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError(f"at most 4 stop sequences are allowed, got {len(v)}")
+        return v
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    reasoning_format: Literal["none", "auto", "deepseek"] | None = None  # llama-server extra
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _positive_completion(cls, v: int | None) -> int | None:
+        if v is not None and v <= 0:
+            raise ValueError(f"max_completion_tokens must be at least 1, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs: true")
+        if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
+            raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {self.tool_choice!r}")
+        return self
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str]
+    max_tokens: int | None = 16  # OpenAI's legacy default
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int] | list[str]:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt is empty")
+            if isinstance(v[0], str) and len(v) != 1:
+                raise ValueError("only one prompt per request is supported")
+        return v
+
+
+class TokenizeRequest(_Lenient):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Lenient):
+    tokens: list[int]
+
+
+class ApplyTemplateRequest(_Lenient):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
