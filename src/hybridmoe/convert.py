@@ -1,0 +1,127 @@
+"""Hugging Face GptOss weights -> GGUF tensors laid out as llama.cpp's converter writes them.
+
+Used by the correctness tests (a random `GptOssForCausalLM` written to GGUF) and by the demo
+model export. gate/up are interleaved columns in HF ([E, H, 2I], even = gate, odd = up); GGUF
+stores them as two tensors of rows [E, I, H] with MXFP4 blocks running along the input (H) axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.gguf.writer import TensorSpec
+from hybridmoe.quant.formats import dequantize, quantize
+
+ARCH = "gpt-oss"
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).cpu().numpy()
+
+
+def encode(x: np.ndarray, t: GGMLType) -> np.ndarray:
+    """float32 values -> stored form of type t (raw bytes for block types)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if t == GGMLType.F32:
+        return x
+    return quantize(x, t)
+
+
+def roundtrip(x: torch.Tensor, t: GGMLType, axis_last: bool = True) -> torch.Tensor:
+    """Values as they come back after storing in type t (quantize along the last axis)."""
+    if t == GGMLType.F32:
+        return x.clone()
+    arr = _np(x)
+    back = dequantize(quantize(np.ascontiguousarray(arr), t), t).reshape(arr.shape)
+    return torch.from_numpy(back).to(x.dtype)
+
+
+def mxfp4_roundtrip_experts(state: dict[str, torch.Tensor], n_layers: int) -> None:
+    """In place: replace HF expert matrices by their MXFP4-representable values (blocks along
+    the input axis, as GGUF stores them), so HF and the GGUF file hold identical weights."""
+    for i in range(n_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        gu = state[p + "gate_up_proj"]  # [E, H, 2I]: blocks along H = dim 1
+        state[p + "gate_up_proj"] = roundtrip(gu.transpose(1, 2), GGMLType.MXFP4).transpose(1, 2).contiguous()
+        dn = state[p + "down_proj"]  # [E, I, H]: input is I = dim 1
+        state[p + "down_proj"] = roundtrip(dn.transpose(1, 2), GGMLType.MXFP4).transpose(1, 2).contiguous()
+
+
+def gpt_oss_metadata(hf_config: Any, tokenizer_meta: Mapping[str, Any], name: str = "gpt-oss") -> dict[str, Any]:
+    """GGUF metadata (llama.cpp's key names and value types) from an HF GptOssConfig."""
+    c = hf_config
+    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    meta: dict[str, Any] = {
+        "general.architecture": ARCH,
+        "general.type": "model",
+        "general.name": name,
+        "general.file_type": 38,
+        "general.quantization_version": 2,
+        f"{ARCH}.block_count": c.num_hidden_layers,
+        f"{ARCH}.context_length": c.max_position_embeddings,
+        f"{ARCH}.embedding_length": c.hidden_size,
+        f"{ARCH}.feed_forward_length": c.intermediate_size,
+        f"{ARCH}.expert_feed_forward_length": c.intermediate_size,
+        f"{ARCH}.attention.head_count": c.num_attention_heads,
+        f"{ARCH}.attention.head_count_kv": c.num_key_value_heads,
+        f"{ARCH}.attention.key_length": c.head_dim,
+        f"{ARCH}.attention.value_length": c.head_dim,
+        f"{ARCH}.attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
+        f"{ARCH}.attention.sliding_window": c.sliding_window,
+        f"{ARCH}.expert_count": c.num_local_experts,
+        f"{ARCH}.expert_used_count": c.num_experts_per_tok,
+        f"{ARCH}.rope.freq_base": float(rope.get("rope_theta", getattr(c, "rope_theta", 150000.0))),
+    }
+    if rope.get("rope_type", rope.get("type")) == "yarn":
+        meta[f"{ARCH}.rope.scaling.type"] = "yarn"
+        meta[f"{ARCH}.rope.scaling.factor"] = float(rope["factor"])
+        meta[f"{ARCH}.rope.scaling.original_context_length"] = int(rope["original_max_position_embeddings"])
+        meta[f"{ARCH}.rope.scaling.yarn_beta_fast"] = float(rope.get("beta_fast", 32.0))
+        meta[f"{ARCH}.rope.scaling.yarn_beta_slow"] = float(rope.get("beta_slow", 1.0))
+    meta.update(tokenizer_meta)
+    return meta
+
+
+def hf_to_gguf_tensors(
+    state: Mapping[str, torch.Tensor],
+    n_layers: int,
+    *,
+    dense_type: GGMLType = GGMLType.F32,
+    expert_type: GGMLType = GGMLType.MXFP4,
+    embed_type: GGMLType | None = None,
+) -> list[TensorSpec]:
+    """HF GptOss state_dict -> TensorSpecs. Norms, biases, sinks and the router stay F32
+    (llama.cpp never quantizes them); attention, embedding and head use `dense_type`."""
+    embed_type = dense_type if embed_type is None else embed_type
+    specs: list[TensorSpec] = []
+
+    def add(name: str, arr: np.ndarray, t: GGMLType = GGMLType.F32) -> None:
+        specs.append(TensorSpec(name, t, tuple(reversed(arr.shape)), encode(arr, t)))
+
+    add("token_embd.weight", _np(state["model.embed_tokens.weight"]), embed_type)
+    for i in range(n_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        add(b + "attn_norm.weight", _np(state[p + "input_layernorm.weight"]))
+        for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+            add(b + gg + ".weight", _np(state[p + f"self_attn.{hf}.weight"]), dense_type)
+            add(b + gg + ".bias", _np(state[p + f"self_attn.{hf}.bias"]))
+        add(b + "attn_sinks.weight", _np(state[p + "self_attn.sinks"]))
+        add(b + "post_attention_norm.weight", _np(state[p + "post_attention_layernorm.weight"]))
+        add(b + "ffn_gate_inp.weight", _np(state[p + "mlp.router.weight"]))
+        add(b + "ffn_gate_inp.bias", _np(state[p + "mlp.router.bias"]))
+        gu = _np(state[p + "mlp.experts.gate_up_proj"])  # [E, H, 2I]
+        gub = _np(state[p + "mlp.experts.gate_up_proj_bias"])  # [E, 2I]
+        add(b + "ffn_gate_exps.weight", np.ascontiguousarray(gu[:, :, 0::2].transpose(0, 2, 1)), expert_type)
+        add(b + "ffn_up_exps.weight", np.ascontiguousarray(gu[:, :, 1::2].transpose(0, 2, 1)), expert_type)
+        add(b + "ffn_gate_exps.bias", np.ascontiguousarray(gub[:, 0::2]))
+        add(b + "ffn_up_exps.bias", np.ascontiguousarray(gub[:, 1::2]))
+        dn = _np(state[p + "mlp.experts.down_proj"])  # [E, I, H]
+        add(b + "ffn_down_exps.weight", np.ascontiguousarray(dn.transpose(0, 2, 1)), expert_type)
+        add(b + "ffn_down_exps.bias", _np(state[p + "mlp.experts.down_proj_bias"]))
+    add("output_norm.weight", _np(state["model.norm.weight"]))
+    add("output.weight", _np(state["lm_head.weight"]), dense_type)
+    return specs

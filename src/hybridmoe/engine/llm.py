@@ -1,0 +1,189 @@
+"""The public Python API: `LLM(path).generate(...)`, `logits`, `tokenize`, `detokenize`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridmoe.engine.sampling import Sampler, SamplingParams
+from hybridmoe.gguf.reader import open_model
+from hybridmoe.models.gpt_oss import GptOss, SeqChunk
+from hybridmoe.tokenizer.tokenizer import IncrementalDecoder, Tokenizer
+
+log = logging.getLogger("hybridmoe")
+
+DEMO_MODEL = Path(__file__).resolve().parent.parent / "data" / "demo.gguf"
+
+
+def resolve_model_path(path: str | os.PathLike | None) -> str:
+    """The given path, or the bundled demo model, or (if absent) a cached synthetic tiny model."""
+    if path:
+        return os.fspath(path)
+    if DEMO_MODEL.exists():
+        return str(DEMO_MODEL)
+    from hybridmoe.synth import write_synthetic
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridmoe"
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / "synthetic-tiny.gguf"
+    if not target.exists():
+        log.warning("no bundled demo model: writing a synthetic tiny model (random weights) to %s", target)
+        tmp = target.with_suffix(".tmp")
+        write_synthetic(tmp, "tiny", seed=0)
+        tmp.replace(target)
+    return str(target)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def make_timings(prompt_n: int, prompt_s: float, predicted_n: int, predicted_s: float) -> dict[str, float]:
+    """llama-server's timings keys."""
+    return {
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_s * 1e3,
+        "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_s * 1e3,
+        "predicted_per_second": predicted_n / predicted_s if predicted_s > 0 else 0.0,
+    }
+
+
+def _placement(model_file: Any, options: dict[str, Any]) -> Any:
+    """Build the placement plan from llama.cpp-style options; None = everything on the CPU."""
+    if not any(v not in (None, False, 0, [], ()) for v in options.values()):
+        return None
+    from hybridmoe.models.gpt_oss import GptOssConfig
+    from hybridmoe.placement.plan import PlacementOptions, make_plan
+
+    cfg = GptOssConfig.from_metadata(model_file.metadata)
+    plan = make_plan(cfg, model_file.tensors, PlacementOptions(**options))
+    if not torch.cuda.is_available():
+        gpu = {plan.device_of(n) for n in model_file.tensors} - {"cpu"}
+        if gpu:
+            warnings.warn(f"no CUDA device: tensors planned for {sorted(gpu)} run on the CPU", stacklevel=3)
+            return None
+    return plan
+
+
+class LLM:
+    """A loaded model with its tokenizer. Not thread-safe: one engine thread owns it."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        threads: int | None = None,
+        ctx_size: int = 0,
+        batch_size: int = 512,
+        progress: bool = False,
+        **placement_options: Any,
+    ):
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"threads must be >= 1, got {threads}")
+            torch.set_num_threads(threads)
+        from hybridmoe import kernels
+
+        kernels.set_num_threads(threads or max(1, (os.cpu_count() or 2)))
+        self.path = resolve_model_path(path)
+        t0 = time.perf_counter()
+        self.file = open_model(self.path)
+        self.tokenizer = Tokenizer.from_metadata(self.file.metadata)
+        self.model = GptOss(self.file, _placement(self.file, placement_options), progress=progress)
+        self.config = self.model.config
+        if ctx_size < 0:
+            raise ValueError(f"ctx_size must be >= 0, got {ctx_size}")
+        self.ctx_size = ctx_size or self.config.context_length
+        self.batch_size = max(1, batch_size)
+        self.load_seconds = time.perf_counter() - t0
+
+    # --- tokens --------------------------------------------------------------------------
+    def tokenize(self, text: str, allow_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, allow_special=allow_special)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    # --- forward -------------------------------------------------------------------------
+    def prefill(self, cache: Any, ids: list[int]) -> torch.Tensor:
+        """Feed ids in batch-size chunks; returns the last position's logits."""
+        logits = None
+        for i in range(0, len(ids), self.batch_size):
+            logits = self.model.forward([SeqChunk(cache, ids[i : i + self.batch_size])])
+        assert logits is not None
+        return logits[0]
+
+    def logits(self, token_ids: list[int]) -> np.ndarray:
+        """float32 [len(token_ids), vocab]: every position, from an empty cache."""
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise ValueError("logits() needs at least one token")
+        cache = self.model.make_cache(len(ids))
+        out = [
+            self.model.forward([SeqChunk(cache, ids[i : i + self.batch_size])], all_logits=True)
+            for i in range(0, len(ids), self.batch_size)
+        ]
+        return torch.cat(out).float().cpu().numpy()
+
+    def generate(
+        self,
+        prompt_or_ids: str | list[int],
+        max_tokens: int = 128,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+        stop: list[str] | None = None,
+    ) -> GenerationResult:
+        ids = self.tokenize(prompt_or_ids) if isinstance(prompt_or_ids, str) else [int(t) for t in prompt_or_ids]
+        if not ids:
+            raise ValueError("empty prompt")
+        if len(ids) + 1 > self.ctx_size:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the context size {self.ctx_size}")
+        params = SamplingParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens
+        )
+        sampler = Sampler(params)
+        eog = set() if ignore_eos else set(self.tokenizer.eog_ids)
+        budget = min(max_tokens, self.ctx_size - len(ids))
+        cache = self.model.make_cache(min(self.ctx_size, len(ids) + budget))
+        t0 = time.perf_counter()
+        logits = self.prefill(cache, ids)
+        t1 = time.perf_counter()
+        out: list[int] = []
+        decoder = IncrementalDecoder(self.tokenizer)
+        text = ""
+        finish = "length"
+        while len(out) < budget:
+            tok = sampler.sample(logits)
+            if tok in eog:
+                finish = "stop"
+                break
+            out.append(tok)
+            text += decoder.push(tok)
+            if stop and any(s in text for s in stop):
+                text = text[: min(text.index(s) for s in stop if s in text)]
+                finish = "stop"
+                break
+            if len(out) >= budget:
+                break
+            logits = self.model.forward([SeqChunk(cache, [tok])])[0]
+        if finish == "length":
+            text += decoder.flush()
+        t2 = time.perf_counter()
+        return GenerationResult(text, out, finish, make_timings(len(ids), t1 - t0, len(out), t2 - t1))

@@ -1,0 +1,90 @@
+"""Token sampling: greedy, temperature, top-k, top-p, min-p; seeded and reproducible.
+
+Filters run in llama.cpp's default order (top-k, top-p, min-p, then temperature) on float32
+logits; temperature <= 0 means greedy. One `Sampler` per request owns its RNG, so a seeded
+request gives the same tokens whatever else is batched with it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 256
+    stop_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int = 0  # top-k logprobs to report per token (0 = none)
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
+        if self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+
+
+@dataclass
+class TokenLogprobs:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams):
+        params.validate()
+        self.params = params
+        seed = params.seed if params.seed is not None and params.seed >= 0 else random.randrange(2**63)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def filtered_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits with everything outside top-k / top-p / min-p set to -inf, then tempered."""
+        p = self.params
+        x = logits.float().cpu().clone()
+        if p.top_k > 0 and p.top_k < x.numel():
+            kth = torch.topk(x, p.top_k).values[-1]
+            x[x < kth] = float("-inf")
+        if p.top_p < 1.0:
+            sorted_x, order = torch.sort(x, descending=True)
+            probs = torch.softmax(sorted_x, dim=-1)
+            cum = torch.cumsum(probs, dim=-1)
+            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+            drop = (cum - probs) >= p.top_p
+            x[order[drop]] = float("-inf")
+        if p.min_p > 0.0:
+            probs = torch.softmax(x, dim=-1)
+            x[probs < p.min_p * probs.max()] = float("-inf")
+        return x / p.temperature
+
+    def sample(self, logits: torch.Tensor) -> int:
+        if self.params.temperature <= 0.0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(self.filtered_logits(logits), dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    @staticmethod
+    def logprobs(logits: torch.Tensor, token: int, k: int) -> TokenLogprobs:
+        """Log-probabilities under the model's raw distribution (as OpenAI reports them)."""
+        lp = torch.log_softmax(logits.float().cpu(), dim=-1)
+        top: list[tuple[int, float]] = []
+        if k > 0:
+            vals, idx = torch.topk(lp, min(k, lp.numel()))
+            top = [(int(i), float(v)) for i, v in zip(idx, vals)]
+        return TokenLogprobs(token, float(lp[token]), top)

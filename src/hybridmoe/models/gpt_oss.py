@@ -1,0 +1,322 @@
+"""gpt-oss (20b / 120b), read top to bottom like the model card.
+
+Per layer: RMSNorm -> GQA attention with q/k/v/o biases, NeoX YaRN RoPE and one learned sink
+logit per head (sliding window of 128 on even layers, full causal on odd ones) -> residual ->
+RMSNorm -> router top-k then softmax over the k -> clamped SwiGLU experts with biases ->
+residual. Final RMSNorm and an untied output head. See ../shared/reference/gpt-oss.md.
+
+Expert tensors stay in the GGUF mmap and run through `hybridmoe.kernels` when placed on the
+CPU; every other tensor is loaded onto its placed device (CPU float32 by default).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from hybridmoe.gguf.reader import GGUFError, ModelFile
+from hybridmoe.models.kv_cache import CacheLayout, SequenceKVCache
+from hybridmoe.models.layers import (
+    RopeTable,
+    apply_rope_neox,
+    attention_with_sinks,
+    rms_norm,
+    yarn_inv_freq,
+)
+from hybridmoe.models.weights import DenseLinear, ExpertLayer, load_f32
+from hybridmoe.quant.torch_dequant import dequantize_torch
+
+ARCH = "gpt-oss"
+SWIGLU_ALPHA = 1.702  # hard-coded in every implementation; no GGUF key carries it
+SWIGLU_LIMIT = 7.0
+DEFAULT_YARN_BETA_FAST = 32.0
+DEFAULT_YARN_BETA_SLOW = 1.0
+
+
+@dataclass(frozen=True)
+class GptOssConfig:
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_experts: int
+    n_experts_used: int
+    expert_ffn: int
+    vocab_size: int
+    context_length: int
+    sliding_window: int
+    rms_eps: float
+    rope_theta: float
+    rope_scaling_factor: float
+    rope_original_ctx: int
+    yarn_beta_fast: float
+    yarn_beta_slow: float
+
+    def __post_init__(self) -> None:
+        if self.n_heads % self.n_kv_heads:
+            raise GGUFError(f"head_count {self.n_heads} is not a multiple of head_count_kv {self.n_kv_heads}")
+        if not 0 < self.n_experts_used <= self.n_experts:
+            raise GGUFError(f"expert_used_count {self.n_experts_used} not in 1..expert_count {self.n_experts}")
+        if self.head_dim % 2:
+            raise GGUFError(f"head dim {self.head_dim} must be even for RoPE")
+
+    @staticmethod
+    def layer_is_sliding(layer: int) -> bool:
+        # Even layers slide (0, 2, 4, ...); llama.cpp and the reference hard-code this pattern.
+        return layer % 2 == 0
+
+    @property
+    def kv_bytes_per_token_full(self) -> int:
+        """K+V bytes per token over the full-attention layers at 2 bytes per value."""
+        n_full = sum(not self.layer_is_sliding(i) for i in range(self.n_layers))
+        return n_full * self.n_kv_heads * self.head_dim * 2 * 2
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any]) -> "GptOssConfig":
+        arch = meta.get("general.architecture")
+        if arch != ARCH:
+            raise GGUFError(f"unsupported architecture {arch!r}: this loader handles {ARCH!r}")
+
+        def get(key: str, default: Any = None, required: bool = True) -> Any:
+            full = f"{ARCH}.{key}"
+            if full in meta:
+                return meta[full]
+            if required and default is None:
+                raise GGUFError(f"missing metadata key {full!r}")
+            return default
+
+        n_heads = int(get("attention.head_count"))
+        hidden = int(get("embedding_length"))
+        head_dim = int(get("attention.key_length", hidden // n_heads))
+        vocab = meta.get("tokenizer.ggml.tokens")
+        scaling_type = get("rope.scaling.type", "none")
+        factor = float(get("rope.scaling.factor", 1.0)) if scaling_type == "yarn" else 1.0
+        return cls(
+            n_layers=int(get("block_count")),
+            hidden=hidden,
+            n_heads=n_heads,
+            n_kv_heads=int(get("attention.head_count_kv")),
+            head_dim=head_dim,
+            n_experts=int(get("expert_count")),
+            n_experts_used=int(get("expert_used_count")),
+            expert_ffn=int(get("expert_feed_forward_length", get("feed_forward_length", required=False))),
+            vocab_size=int(get("vocab_size", len(vocab) if vocab is not None else None)),
+            context_length=int(get("context_length")),
+            sliding_window=int(get("attention.sliding_window")),
+            rms_eps=float(get("attention.layer_norm_rms_epsilon")),
+            rope_theta=float(get("rope.freq_base", 10000.0)),
+            rope_scaling_factor=factor,
+            rope_original_ctx=int(get("rope.scaling.original_context_length", 4096)),
+            yarn_beta_fast=float(get("rope.scaling.yarn_beta_fast", DEFAULT_YARN_BETA_FAST)),
+            yarn_beta_slow=float(get("rope.scaling.yarn_beta_slow", DEFAULT_YARN_BETA_SLOW)),
+        )
+
+
+def tensor_names(cfg: GptOssConfig, layer: int) -> dict[str, str]:
+    """Our parameter name -> GGUF tensor name for one layer (llama.cpp's converter's names)."""
+    p = f"blk.{layer}."
+    return {
+        "attn_norm": p + "attn_norm.weight",
+        "q": p + "attn_q.weight", "q_bias": p + "attn_q.bias",
+        "k": p + "attn_k.weight", "k_bias": p + "attn_k.bias",
+        "v": p + "attn_v.weight", "v_bias": p + "attn_v.bias",
+        "o": p + "attn_output.weight", "o_bias": p + "attn_output.bias",
+        "sinks": p + "attn_sinks.weight",
+        "mlp_norm": p + "post_attention_norm.weight",
+        "router": p + "ffn_gate_inp.weight", "router_bias": p + "ffn_gate_inp.bias",
+        "gate_exps": p + "ffn_gate_exps.weight", "gate_exps_bias": p + "ffn_gate_exps.bias",
+        "up_exps": p + "ffn_up_exps.weight", "up_exps_bias": p + "ffn_up_exps.bias",
+        "gate_up_exps": p + "ffn_gate_up_exps.weight", "gate_up_exps_bias": p + "ffn_gate_up_exps.bias",
+        "down_exps": p + "ffn_down_exps.weight", "down_exps_bias": p + "ffn_down_exps.bias",
+    }
+
+
+def expected_shapes(cfg: GptOssConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    """GGUF ne (innermost first) of every required tensor of one layer."""
+    H, D, E, I = cfg.hidden, cfg.head_dim, cfg.n_experts, cfg.expert_ffn
+    q, kv = cfg.n_heads * D, cfg.n_kv_heads * D
+    return {
+        "attn_norm": (H,), "q": (H, q), "q_bias": (q,), "k": (H, kv), "k_bias": (kv,),
+        "v": (H, kv), "v_bias": (kv,), "o": (q, H), "o_bias": (H,), "sinks": (cfg.n_heads,),
+        "mlp_norm": (H,), "router": (H, E), "router_bias": (E,),
+        "gate_exps": (H, I, E), "gate_exps_bias": (I, E), "up_exps": (H, I, E), "up_exps_bias": (I, E),
+        "gate_up_exps": (H, 2 * I, E), "gate_up_exps_bias": (2 * I, E),
+        "down_exps": (I, H, E), "down_exps_bias": (H, E),
+    }
+
+
+class Placement(Protocol):
+    def device_of(self, name: str) -> str: ...
+
+
+class _AllOn:
+    def __init__(self, device: str):
+        self.device = device
+
+    def device_of(self, name: str) -> str:
+        return self.device
+
+
+@dataclass
+class SeqChunk:
+    """Tokens to append to one sequence; their positions continue at cache.length."""
+
+    cache: SequenceKVCache
+    tokens: list[int]
+
+
+class _Layer:
+    def __init__(self, model: "GptOss", mf: ModelFile, cfg: GptOssConfig, i: int, placement: Placement):
+        names = tensor_names(cfg, i)
+        shapes = expected_shapes(cfg, i)
+        fused = names["gate_up_exps"] in mf.tensors
+        for key, name in names.items():
+            if key.startswith(("gate_exps", "up_exps")) and fused:
+                continue
+            if key.startswith("gate_up_exps") and not fused:
+                continue
+            mf.require(name, shapes[key])
+        self.device = torch.device(placement.device_of(names["q"]))
+        dev = self.device
+        self.sliding = cfg.layer_is_sliding(i)
+        self.attn_norm = load_f32(mf, names["attn_norm"], dev)
+        self.q = DenseLinear(mf, names["q"], names["q_bias"], dev)
+        self.k = DenseLinear(mf, names["k"], names["k_bias"], dev)
+        self.v = DenseLinear(mf, names["v"], names["v_bias"], dev)
+        self.o = DenseLinear(mf, names["o"], names["o_bias"], dev)
+        self.sinks = load_f32(mf, names["sinks"], dev)
+        mlp_dev = torch.device(placement.device_of(names["router"]))
+        self.mlp_device = mlp_dev
+        self.mlp_norm = load_f32(mf, names["mlp_norm"], mlp_dev)
+        self.router_w = load_f32(mf, names["router"], mlp_dev)
+        self.router_b = load_f32(mf, names["router_bias"], mlp_dev)
+        exp_name = names["gate_up_exps" if fused else "gate_exps"]
+        self.experts = ExpertLayer(
+            mf, names, fused, torch.device(placement.device_of(exp_name)),
+            cfg.expert_ffn, SWIGLU_ALPHA, SWIGLU_LIMIT,
+        )
+
+
+class GptOss:
+    """The model: weights, forward over a batch of sequence chunks, cache factory."""
+
+    def __init__(self, model_file: ModelFile, placement: Placement | None = None, progress: bool = False):
+        self.config = cfg = GptOssConfig.from_metadata(model_file.metadata)
+        self.file = model_file
+        placement = placement or _AllOn("cpu")
+        self.placement = placement
+        H, V = cfg.hidden, cfg.vocab_size
+        mf = model_file
+        mf.require("token_embd.weight", (H, V))
+        mf.require("output_norm.weight", (H,))
+        mf.require("output.weight", (H, V))
+        # The embedding is a row gather: it stays in the mmap on the CPU (as llama.cpp does).
+        self.embd_raw = mf.raw("token_embd.weight")
+        self.embd_type = mf.tensors["token_embd.weight"].ggml_type
+        layers = range(cfg.n_layers)
+        if progress:
+            from tqdm import tqdm
+
+            layers = tqdm(layers, desc="loading layers", unit="layer")
+        self.layers = [_Layer(self, mf, cfg, i, placement) for i in layers]
+        out_dev = torch.device(placement.device_of("output.weight"))
+        self.out_device = out_dev
+        self.output_norm = load_f32(mf, "output_norm.weight", out_dev)
+        self.output = DenseLinear(mf, "output.weight", None, out_dev)
+        inv_freq, conc = yarn_inv_freq(
+            cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, cfg.rope_original_ctx,
+            cfg.yarn_beta_fast, cfg.yarn_beta_slow,
+        )
+        self.rope = RopeTable(inv_freq, conc)
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+
+    # --- cache ---------------------------------------------------------------------------
+    def cache_layout(self, dtype: torch.dtype = torch.float32) -> CacheLayout:
+        cfg = self.config
+        return CacheLayout(
+            n_layers=cfg.n_layers,
+            sliding=tuple(cfg.layer_is_sliding(i) for i in range(cfg.n_layers)),
+            n_kv_heads=cfg.n_kv_heads,
+            head_dim=cfg.head_dim,
+            window=cfg.sliding_window,
+            devices=tuple(layer.device for layer in self.layers),
+            dtype=dtype,
+        )
+
+    def make_cache(self, max_ctx: int) -> SequenceKVCache:
+        return SequenceKVCache(self.cache_layout(), max_ctx)
+
+    # --- forward -------------------------------------------------------------------------
+    def embed(self, ids: np.ndarray) -> torch.Tensor:
+        rows = np.ascontiguousarray(self.embd_raw[ids])
+        return dequantize_torch(torch.from_numpy(rows), self.embd_type)
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[SeqChunk], all_logits: bool = False) -> torch.Tensor:
+        """Run all chunks' tokens as one batch; logits for each chunk's last token (or all)."""
+        cfg = self.config
+        if not chunks or any(len(c.tokens) == 0 for c in chunks):
+            raise ValueError("forward needs at least one token per chunk")
+        for c in chunks:
+            if c.cache.length + len(c.tokens) > c.cache.max_ctx:
+                raise ValueError(
+                    f"context overflow: {c.cache.length} cached + {len(c.tokens)} new tokens "
+                    f"> context size {c.cache.max_ctx}"
+                )
+        ids = np.fromiter((t for c in chunks for t in c.tokens), dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
+            raise ValueError(f"token id out of range 0..{cfg.vocab_size - 1}")
+        lens = [len(c.tokens) for c in chunks]
+        positions = torch.cat([torch.arange(c.cache.length, c.cache.length + n) for c, n in zip(chunks, lens)])
+        N = len(ids)
+        Hq, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        x = self.embed(ids)
+        rope_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        for li, layer in enumerate(self.layers):
+            dev = layer.device
+            x = x.to(dev)
+            if dev not in rope_cache:
+                rope_cache[dev] = self.rope.cos_sin(positions, dev)
+            cos, sin = rope_cache[dev]
+            h = rms_norm(x, layer.attn_norm, cfg.rms_eps)
+            q = apply_rope_neox(layer.q(h).view(N, Hq, D), cos, sin)
+            k = apply_rope_neox(layer.k(h).view(N, Hkv, D), cos, sin)
+            v = layer.v(h).view(N, Hkv, D)
+            window = cfg.sliding_window if layer.sliding else None
+            outs = []
+            off = 0
+            for c, n in zip(chunks, lens):
+                pos0 = c.cache.length
+                k_all, v_all, k_pos = c.cache.update(li, k[off : off + n], v[off : off + n], pos0)
+                q_pos = positions[off : off + n].to(dev)
+                outs.append(
+                    attention_with_sinks(
+                        q[off : off + n], k_all.to(q.dtype), v_all.to(q.dtype), layer.sinks,
+                        q_pos, k_pos, self.scale, window,
+                    )
+                )
+                off += n
+            attn = torch.cat(outs).view(N, Hq * D)
+            x = x + layer.o(attn)
+            x = x.to(layer.mlp_device)
+            h = rms_norm(x, layer.mlp_norm, cfg.rms_eps)
+            x = x + self.moe(layer, h)
+        for c, n in zip(chunks, lens):
+            c.cache.advance(n)
+        if not all_logits:
+            last = torch.tensor(np.cumsum(lens) - 1)
+            x = x[last.to(x.device)]
+        x = rms_norm(x.to(self.out_device), self.output_norm, cfg.rms_eps)
+        return self.output(x)
+
+    def moe(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+        """Router top-k on raw logits, softmax over the k, weighted sum of the chosen experts."""
+        logits = h @ layer.router_w.T + layer.router_b
+        vals, idx = torch.topk(logits, self.config.n_experts_used, dim=-1)
+        weights = torch.softmax(vals, dim=-1)
+        return layer.experts(h, idx.to(torch.int32), weights)

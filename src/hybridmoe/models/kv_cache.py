@@ -1,0 +1,117 @@
+"""Per-sequence KV cache: full-attention layers sized by context, sliding layers as ring buffers.
+
+Sliding-window layers keep only `window + slack` slots, so their memory does not grow with
+context. The slack lets a slot roll back a few tokens (prefix reuse after the last turn's
+end token is re-rendered) without recomputing the whole prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    n_layers: int
+    sliding: tuple[bool, ...]  # per layer
+    n_kv_heads: int
+    head_dim: int
+    window: int
+    devices: tuple[torch.device, ...]  # per layer
+    dtype: torch.dtype = torch.float32
+    slack: int = 64
+
+
+class SequenceKVCache:
+    """KV storage for one sequence; `length` tokens are cached (positions 0..length-1)."""
+
+    def __init__(self, layout: CacheLayout, max_ctx: int):
+        if max_ctx <= 0:
+            raise ValueError(f"max_ctx must be positive, got {max_ctx}")
+        self.layout = layout
+        self.max_ctx = max_ctx
+        self.length = 0
+        self._k: list[torch.Tensor] = []
+        self._v: list[torch.Tensor] = []
+        self._pos: list[torch.Tensor | None] = []  # ring layers: absolute position per slot (-1 empty)
+        ring = min(max_ctx, layout.window + layout.slack)
+        for layer in range(layout.n_layers):
+            slots = ring if layout.sliding[layer] else max_ctx
+            shape = (slots, layout.n_kv_heads, layout.head_dim)
+            dev = layout.devices[layer]
+            self._k.append(torch.zeros(shape, dtype=layout.dtype, device=dev))
+            self._v.append(torch.zeros(shape, dtype=layout.dtype, device=dev))
+            if layout.sliding[layer]:
+                self._pos.append(torch.full((slots,), -1, dtype=torch.long, device=dev))
+            else:
+                self._pos.append(None)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._k + self._v)
+
+    def remaining(self) -> int:
+        return self.max_ctx - self.length
+
+    def update(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, pos0: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store the chunk's keys/values (positions pos0..pos0+T-1) and return what it attends to.
+
+        Returns (k, v, k_pos): all keys the chunk's queries may see, with their absolute positions
+        (the caller masks causality and the window by position, so ring order does not matter).
+        """
+        T = k_new.shape[0]
+        if pos0 + T > self.max_ctx:
+            raise ValueError(f"context overflow: {pos0 + T} tokens > context size {self.max_ctx}")
+        K, V, P = self._k[layer], self._v[layer], self._pos[layer]
+        k_new = k_new.to(K.dtype)
+        v_new = v_new.to(V.dtype)
+        if P is None:
+            K[pos0 : pos0 + T] = k_new
+            V[pos0 : pos0 + T] = v_new
+            k_pos = torch.arange(pos0 + T, device=K.device)
+            return K[: pos0 + T], V[: pos0 + T], k_pos
+        new_pos = torch.arange(pos0, pos0 + T, device=K.device)
+        k_all = torch.cat((K, k_new))
+        v_all = torch.cat((V, v_new))
+        pos_all = torch.cat((P, new_pos))
+        # Older ring entries at or past pos0 belong to a rolled-back future: hide them.
+        pos_all[: P.shape[0]] = torch.where(P < pos0, P, torch.full_like(P, -1))
+        slots = P.shape[0]
+        keep = min(T, slots)
+        idx = new_pos[T - keep :] % slots
+        K[idx] = k_new[T - keep :]
+        V[idx] = v_new[T - keep :]
+        P[idx] = new_pos[T - keep :]
+        return k_all, v_all, pos_all
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def truncate(self, n: int) -> int:
+        """Roll back to the first n tokens where the ring layers still hold what that needs.
+
+        Returns the length actually kept (the caller re-feeds tokens from there).
+        """
+        n = max(0, min(n, self.length))
+        for P in self._pos:
+            if P is None or n == 0:
+                continue
+            # Positions n-W+1 .. n-1 must still be in the ring for the next token at n.
+            need_from = max(0, n - self.layout.window + 1)
+            held = int(((P >= need_from) & (P < n)).sum())
+            if held != n - need_from:
+                n = 0
+        if n == 0:
+            for P in self._pos:
+                if P is not None:
+                    P.fill_(-1)
+        else:
+            for P in self._pos:
+                if P is not None:
+                    P.masked_fill_(P >= n, -1)
+        self.length = n
+        return n

@@ -1,0 +1,104 @@
+"""Architecture-neutral building blocks: RMSNorm, YaRN RoPE tables, attention with sinks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2) + eps) * g, in float32 (the gain is a plain multiply)."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def yarn_inv_freq(
+    head_dim: int,
+    base: float,
+    factor: float,
+    original_ctx: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> tuple[torch.Tensor, float]:
+    """NTK-by-parts YaRN inverse frequencies and the attention concentration (mscale).
+
+    The correction range is NOT rounded (OpenAI's reference and HF with truncate=false);
+    ggml rounds it to floor/ceil, which shifts pairs 9..17 of gpt-oss.
+    """
+    d_half = head_dim // 2
+    i = torch.arange(d_half, dtype=torch.float64)
+    freq = base ** (2.0 * i / head_dim)
+    if factor <= 1.0:
+        return (1.0 / freq).float(), 1.0
+    low = d_half * math.log(original_ctx / (beta_fast * 2 * math.pi)) / math.log(base)
+    high = d_half * math.log(original_ctx / (beta_slow * 2 * math.pi)) / math.log(base)
+    ramp = ((i - low) / (high - low)).clamp(0.0, 1.0)
+    inv_freq = (1.0 / freq) * (1.0 - ramp) + (1.0 / (factor * freq)) * ramp
+    concentration = 0.1 * math.log(factor) + 1.0
+    return inv_freq.float(), concentration
+
+
+class RopeTable:
+    """cos/sin (already multiplied by the YaRN concentration) for positions, computed on demand."""
+
+    def __init__(self, inv_freq: torch.Tensor, concentration: float):
+        self.inv_freq = inv_freq
+        self.concentration = concentration
+
+    def cos_sin(self, positions: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        theta = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [T, d/2]
+        cos = (torch.cos(theta) * self.concentration).to(device)
+        sin = (torch.sin(theta) * self.concentration).to(device)
+        return cos, sin
+
+
+def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-split (NeoX) rotation: dim i pairs with i + d/2. x: [T, heads, d]; cos/sin: [T, d/2]."""
+    d_half = x.shape[-1] // 2
+    x1, x2 = x[..., :d_half], x[..., d_half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def attention_with_sinks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sinks: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    scale: float,
+    window: int | None,
+    q_block: int = 256,
+) -> torch.Tensor:
+    """Causal GQA attention with one learned, unscaled sink logit per query head.
+
+    q: [T, Hq, d]; k, v: [S, Hkv, d]; q_pos: [T]; k_pos: [S] absolute positions (-1 = empty slot).
+    Query head h uses KV head h // (Hq // Hkv). A sliding window W admits keys p-W+1 .. p.
+    The sink is an extra logit column that takes probability mass but has no value.
+    Queries are processed in blocks to bound the [heads, T, S] score memory.
+    """
+    T, Hq, d = q.shape
+    S, Hkv, _ = k.shape
+    g = Hq // Hkv
+    kt = k.permute(1, 2, 0)  # [Hkv, d, S]
+    vt = v.permute(1, 0, 2)  # [Hkv, S, d]
+    sink = sinks.float().view(Hkv, g, 1, 1)
+    out = torch.empty((T, Hq, d), dtype=q.dtype, device=q.device)
+    for t0 in range(0, T, q_block):
+        t1 = min(T, t0 + q_block)
+        qb = q[t0:t1].permute(1, 0, 2).reshape(Hkv, g * (t1 - t0), d)
+        scores = torch.bmm(qb, kt).view(Hkv, g, t1 - t0, S) * scale
+        qp = q_pos[t0:t1, None]
+        allowed = (k_pos[None, :] <= qp) & (k_pos[None, :] >= 0)
+        if window is not None:
+            allowed &= k_pos[None, :] > qp - window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        m = torch.maximum(scores.amax(-1, keepdim=True), sink)
+        p = torch.exp(scores - m)
+        denom = p.sum(-1, keepdim=True) + torch.exp(sink - m)
+        p = (p / denom).view(Hkv, g * (t1 - t0), S)
+        ob = torch.bmm(p, vt).view(Hkv, g, t1 - t0, d)
+        out[t0:t1] = ob.permute(2, 0, 1, 3).reshape(t1 - t0, Hq, d)
+    return out
