@@ -1,0 +1,291 @@
+"""Byte-level BPE tokenizer built from a GGUF file's own `tokenizer.ggml.*` metadata.
+
+Encoding runs in the `tokenizers` library (Rust); decoding is done here from a per-id byte table so
+that streaming decode can work on raw bytes and hold back incomplete UTF-8.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as _HFTokenizer
+
+# GGUF `tokenizer.ggml.token_type` values (llama.cpp llama_token_type).
+TOKEN_NORMAL = 1
+TOKEN_UNKNOWN = 2
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+TOKEN_UNUSED = 5
+TOKEN_BYTE = 6
+
+# Pre-tokenizer split patterns by `tokenizer.ggml.pre`. o200k (gpt-4o) digits go in groups of 1-3.
+O200K_PATTERN = "|".join(
+    [
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+PRE_PATTERNS = {"gpt-4o": O200K_PATTERN, "default": GPT2_PATTERN, "gpt2": GPT2_PATTERN}
+
+# Names that end generation when present. `<|end|>` is deliberately absent: in harmony it only
+# separates messages (analysis -> final), so stopping on it would cut every answer short.
+EOG_NAMES = ("<|return|>", "<|call|>", "<|endoftext|>")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2 byte-level alphabet: printable bytes map to themselves, the rest to chr(256 + k)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table: dict[int, str] = {}
+    extra = 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+BYTE_TO_CHAR = bytes_to_unicode()
+# str.translate table: byte-level char -> latin-1 char of the byte, then .encode("latin-1").
+_CHAR_TO_LATIN1 = {ord(c): b for b, c in BYTE_TO_CHAR.items()}
+
+
+def byte_level_encode(data: bytes) -> str:
+    """Raw bytes -> GPT-2 byte-level token string (the form stored in `tokenizer.ggml.tokens`)."""
+    return "".join(BYTE_TO_CHAR[b] for b in data)
+
+
+def byte_level_decode(token: str) -> bytes:
+    """GPT-2 byte-level token string -> raw bytes; ValueError if it holds a char outside the alphabet."""
+    try:
+        return token.translate(_CHAR_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"token {token!r} is not GPT-2 byte-level encoded ({e.reason})") from None
+
+
+def _require(meta: Mapping[str, Any], key: str) -> Any:
+    if key not in meta:
+        raise ValueError(f"tokenizer metadata is missing required key {key!r}")
+    return meta[key]
+
+
+def _optional_id(meta: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    value = int(value)
+    if not 0 <= value < n_vocab:
+        raise ValueError(f"{key} = {value} is outside the vocabulary [0, {n_vocab})")
+    return value
+
+
+class Tokenizer:
+    """Tokenizer for GGUF `tokenizer.ggml.model == "gpt2"` (byte-level BPE) vocabularies."""
+
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        token_types: Sequence[int],
+        merges: Sequence[str],
+        pre: str,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        pad_id: int | None = None,
+        extra_eos_ids: Iterable[int] = (),
+    ) -> None:
+        if len(token_types) != len(tokens):
+            raise ValueError(
+                f"tokenizer.ggml.token_type has {len(token_types)} entries but tokenizer.ggml.tokens has {len(tokens)}"
+            )
+        if pre not in PRE_PATTERNS:
+            raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r}; supported: {sorted(PRE_PATTERNS)}")
+        self.pre = pre
+        self._tokens = list(tokens)
+        self._types = [int(t) for t in token_types]
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+
+        special_types = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+        self._special_ids = {i for i, t in enumerate(self._types) if t in special_types}
+        self._control_ids = {i for i, t in enumerate(self._types) if t == TOKEN_CONTROL}
+        self._id_by_text = {}
+        for i, text in enumerate(self._tokens):
+            self._id_by_text.setdefault(text, i)  # first occurrence wins, as in the BPE vocab
+        self._token_bytes = self._build_token_bytes()
+        self._hf = self._build_hf(merges)
+        # encode_special_tokens is a flag on the shared Rust tokenizer: set it and encode under a lock.
+        self._encode_lock = threading.Lock()
+        self.eog_ids = self._build_eog(extra_eos_ids)
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
+        """Build from a GGUF metadata dict (keys `tokenizer.ggml.*`); ValueError on anything unsupported."""
+        model = _require(meta, "tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ValueError(
+                f"unsupported tokenizer.ggml.model {model!r}: only 'gpt2' (byte-level BPE) is implemented"
+            )
+        tokens = list(_require(meta, "tokenizer.ggml.tokens"))
+        if not tokens:
+            raise ValueError("tokenizer.ggml.tokens is empty")
+        n = len(tokens)
+        types = meta.get("tokenizer.ggml.token_type")
+        types = [TOKEN_NORMAL] * n if types is None else list(types)
+        merges = list(_require(meta, "tokenizer.ggml.merges"))
+        extra = [int(i) for i in meta.get("tokenizer.ggml.eos_token_ids", None) or ()]
+        for i in extra:
+            if not 0 <= i < n:
+                raise ValueError(f"tokenizer.ggml.eos_token_ids contains {i}, outside the vocabulary [0, {n})")
+        return cls(
+            tokens,
+            types,
+            merges,
+            pre=str(meta.get("tokenizer.ggml.pre", "default")),
+            bos_id=_optional_id(meta, "tokenizer.ggml.bos_token_id", n),
+            eos_id=_optional_id(meta, "tokenizer.ggml.eos_token_id", n),
+            pad_id=_optional_id(meta, "tokenizer.ggml.padding_token_id", n),
+            extra_eos_ids=extra,
+        )
+
+    def _build_token_bytes(self) -> list[bytes]:
+        out: list[bytes] = []
+        for i, (text, kind) in enumerate(zip(self._tokens, self._types)):
+            if i in self._special_ids:
+                out.append(text.encode("utf-8"))  # added tokens are stored raw, not byte-level encoded
+                continue
+            try:
+                out.append(byte_level_decode(text))
+            except ValueError as e:
+                raise ValueError(f"tokenizer.ggml.tokens[{i}]: {e}") from None
+        return out
+
+    def _build_hf(self, merges: Sequence[str]) -> _HFTokenizer:
+        pairs: list[tuple[str, str]] = []
+        for k, m in enumerate(merges):
+            a, sep, b = m.partition(" ")
+            if not sep or not a or not b or " " in b:
+                raise ValueError(f"tokenizer.ggml.merges[{k}] = {m!r} is not of the form 'A B'")
+            pairs.append((a, b))
+        # ignore_merges: a pre-token that is itself a vocabulary entry becomes that token directly,
+        # as tiktoken does for o200k (rank lookup before merging).
+        bpe = models.BPE(vocab=self._id_by_text, merges=pairs, ignore_merges=True)
+        tk = _HFTokenizer(bpe)
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(PRE_PATTERNS[self.pre]), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+        tk.decoder = decoders.ByteLevel()
+        # Specials keep their exact ids because their content is already in the BPE vocab.
+        added = [
+            AddedToken(self._tokens[i], special=(self._types[i] == TOKEN_CONTROL), normalized=False)
+            for i in sorted(self._special_ids)
+            if self._id_by_text[self._tokens[i]] == i
+        ]
+        if added:
+            tk.add_special_tokens(added)
+        for tok in added:
+            got = tk.token_to_id(tok.content)
+            if got != self._id_by_text[tok.content]:
+                raise ValueError(f"special token {tok.content!r} got id {got}, expected {self._id_by_text[tok.content]}")
+        return tk
+
+    def _build_eog(self, extra: Iterable[int]) -> frozenset[int]:
+        ids = set(extra)
+        if self.eos_id is not None:
+            ids.add(self.eos_id)
+        for name in EOG_NAMES:
+            i = self.token_id(name)
+            if i is not None:
+                ids.add(i)
+        # A converter may set eos = <|end|>; with harmony's real stop tokens present, drop it (as llama.cpp does).
+        end = self.token_id("<|end|>")
+        if end is not None and self.token_id("<|return|>") is not None and self.token_id("<|call|>") is not None:
+            ids.discard(end)
+        return frozenset(ids)
+
+    # ---- queries ------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of CONTROL and USER_DEFINED tokens (matched whole in text, never produced by BPE)."""
+        return frozenset(self._special_ids)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special_ids
+
+    def token_id(self, text: str) -> int | None:
+        """Id of the vocabulary entry spelled `text` (byte-level form for normal tokens), or None."""
+        return self._id_by_text.get(text)
+
+    def token_text(self, token_id: int) -> str:
+        """The token's text: specials as written (`<|start|>`), others decoded (may hold U+FFFD)."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        self._check_id(token_id)
+        return self._token_bytes[token_id]
+
+    def _check_id(self, token_id: int) -> None:
+        if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < len(self._tokens):
+            raise ValueError(f"token id {token_id!r} is outside the vocabulary [0, {len(self._tokens)})")
+
+    # ---- encode / decode ----------------------------------------------------------------------
+    def encode(self, text: str, allow_special: bool = True) -> list[int]:
+        """Text -> ids. With allow_special, control/added token strings (`<|start|>`) become their
+        ids; without, they are encoded as ordinary text. No BOS is added."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects str, got {type(text).__name__}")
+        with self._encode_lock:
+            self._hf.encode_special_tokens = not allow_special
+            return self._hf.encode(text, add_special_tokens=False).ids
+
+    def decode_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
+        parts = []
+        for i in ids:
+            i = int(i)
+            self._check_id(i)
+            if skip_special and i in self._control_ids:
+                continue
+            parts.append(self._token_bytes[i])
+        return b"".join(parts)
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Ids -> text; invalid UTF-8 becomes U+FFFD. skip_special drops CONTROL tokens."""
+        return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
+
+
+class IncrementalDecoder:
+    """Streaming detokenizer: push ids one at a time, get only complete UTF-8 text back.
+
+    The concatenation of all `push` results plus `flush()` equals `tok.decode(all_ids)`.
+    """
+
+    def __init__(self, tok: Tokenizer, skip_special: bool = False) -> None:
+        self._tok = tok
+        self._skip_special = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._utf8.decode(self._tok.decode_bytes((token_id,), self._skip_special))
+
+    def flush(self) -> str:
+        """Emit what is held back (an incomplete sequence becomes U+FFFD) and reset."""
+        out = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        return out
