@@ -1,0 +1,90 @@
+"""Cache correctness: prefill-then-decode and chunked/batched forwards equal a full forward."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hybridmoe.models.gpt_oss import SeqChunk
+
+
+def _ids(n: int, vocab: int, seed: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _close(a: torch.Tensor, b: np.ndarray) -> float:
+    a = a.float().numpy()
+    assert np.isfinite(a).all()
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def test_prefill_then_decode_equals_full_forward_across_window(tiny_llm):
+    llm = tiny_llm
+    W = llm.config.sliding_window
+    ids = _ids(3 * W + 5, llm.config.vocab_size, 0)
+    full = llm.logits(ids)
+    cache = llm.model.make_cache(len(ids))
+    split = W - 3  # prefill ends before the window edge; decode crosses it twice
+    out = llm.model.forward([SeqChunk(cache, ids[:split])], all_logits=True)
+    assert _close(out, full[:split]) < 1e-5
+    for i in range(split, len(ids)):
+        row = llm.model.forward([SeqChunk(cache, [ids[i]])])[0]
+        assert _close(row, full[i]) < 1e-5, f"position {i}"
+    assert cache.length == len(ids)
+
+
+def test_uneven_chunks_equal_full_forward(tiny_llm):
+    llm = tiny_llm
+    W = llm.config.sliding_window
+    ids = _ids(4 * W, llm.config.vocab_size, 1)
+    full = llm.logits(ids)
+    cache = llm.model.make_cache(len(ids))
+    pos = 0
+    for n in (5, W + 3, 1, 2 * W - 9, 1):
+        out = llm.model.forward([SeqChunk(cache, ids[pos : pos + n])], all_logits=True)
+        assert _close(out, full[pos : pos + n]) < 1e-5
+        pos += n
+
+
+def test_batched_sequences_equal_separate(tiny_llm):
+    llm = tiny_llm
+    a = _ids(50, llm.config.vocab_size, 2)
+    b = _ids(23, llm.config.vocab_size, 3)
+    ca, cb = llm.model.make_cache(64), llm.model.make_cache(64)
+    both = llm.model.forward([SeqChunk(ca, a), SeqChunk(cb, b)])
+    assert _close(both[0], llm.logits(a)[-1]) < 1e-5
+    assert _close(both[1], llm.logits(b)[-1]) < 1e-5
+    # One decode step for both in the same call.
+    step = llm.model.forward([SeqChunk(ca, [7]), SeqChunk(cb, [9])])
+    assert _close(step[0], llm.logits(a + [7])[-1]) < 1e-5
+    assert _close(step[1], llm.logits(b + [9])[-1]) < 1e-5
+
+
+def test_sliding_layers_memory_does_not_grow_with_context(tiny_llm):
+    small = tiny_llm.model.make_cache(256)
+    big = tiny_llm.model.make_cache(4096)
+    cfg = tiny_llm.config
+    n_full = sum(not cfg.layer_is_sliding(i) for i in range(cfg.n_layers))
+    per_tok_full = n_full * cfg.n_kv_heads * cfg.head_dim * 2 * 4  # K+V float32
+    assert big.nbytes - small.nbytes == per_tok_full * (4096 - 256)
+
+
+def test_truncate_keeps_prefix_reusable(tiny_llm):
+    llm = tiny_llm
+    ids = _ids(60, llm.config.vocab_size, 4)
+    cache = llm.model.make_cache(128)
+    llm.model.forward([SeqChunk(cache, ids)])
+    kept = cache.truncate(58)
+    assert kept == 58
+    out = llm.model.forward([SeqChunk(cache, [5, 6])])[0]
+    assert _close(out, llm.logits(ids[:58] + [5, 6])[-1]) < 1e-5
+    # Far back: the ring no longer holds what is needed, so nothing is kept.
+    assert cache.truncate(3) in (0, 3)
+
+
+def test_context_overflow_is_an_error(tiny_llm):
+    cache = tiny_llm.model.make_cache(8)
+    import pytest
+
+    with pytest.raises(ValueError, match="context"):
+        tiny_llm.model.forward([SeqChunk(cache, list(range(9)))])
