@@ -1,0 +1,141 @@
+"""Byte formulas for the non-weight memory of a plan (KV cache, compute buffers) and the probes
+for what a machine has (free VRAM, available RAM).
+
+KV per layer and token = n_kv_heads * head_dim * 2 (K and V) * bytes per value
+(../shared/reference/gpt-oss.md §7: 2048 B at f16 for gpt-oss). Full-attention layers keep the
+whole context; sliding-window layers keep `window + ubatch` positions (the window the newest
+query needs plus one micro-batch being appended), never more than the context.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+GIB = 1 << 30
+MIB = 1 << 20
+F32 = 4
+# Keys are walked in blocks of this many positions by a flash-style attention kernel, so the
+# score tile is bounded by it instead of by the context (a full score matrix at 131072 tokens
+# would be 17 GB for a 512-token micro-batch).
+ATTN_KEY_BLOCK = 1024
+# Safety margin kept free when the VRAM budget comes from the device's free memory
+# (llama.cpp's --fit keeps 1024 MiB free by default).
+VRAM_MARGIN_BYTES = 1024 * MIB
+
+
+class ModelShape(Protocol):
+    """What placement needs from a model config (GptOssConfig has all of it)."""
+
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_experts: int
+    n_experts_used: int
+    expert_ffn: int
+    vocab_size: int
+    context_length: int
+    sliding_window: int
+
+    def layer_is_sliding(self, layer: int) -> bool: ...
+
+
+def kv_bytes_per_token(cfg: ModelShape, kv_dtype_bytes: float) -> float:
+    """K+V bytes one layer stores per cached position."""
+    return cfg.n_kv_heads * cfg.head_dim * 2 * kv_dtype_bytes
+
+
+def kv_positions(cfg: ModelShape, layer: int, ctx_size: int, ubatch: int) -> int:
+    """Cached positions per sequence for `layer` (see module docstring)."""
+    if cfg.layer_is_sliding(layer):
+        return min(ctx_size, cfg.sliding_window + ubatch)
+    return ctx_size
+
+
+def layer_kv_bytes(cfg: ModelShape, layer: int, ctx_size: int, ubatch: int, n_parallel: int,
+                   kv_dtype_bytes: float) -> int:
+    """KV bytes of one layer over all `n_parallel` slots, each with a `ctx_size` context."""
+    per_seq = kv_positions(cfg, layer, ctx_size, ubatch) * kv_bytes_per_token(cfg, kv_dtype_bytes)
+    return int(round(per_seq * n_parallel))
+
+
+@dataclass(frozen=True)
+class ComputeEstimate:
+    """Working memory of one device for one forward step of `ubatch` tokens, in bytes.
+
+    activations: fp32 hidden state, residual, normed input, q/k/v, attention output, router
+        logits for the micro-batch, i.e. ubatch * (3H + 2Q + 2KV + E) * 4 B (one layer at a time:
+        buffers are reused layer to layer).
+    attention: score tile of a blocked kernel, n_heads * ubatch * min(ctx, ATTN_KEY_BLOCK) * 4 B.
+    experts: routed-expert intermediates when this device computes experts,
+        ubatch * k * (2F + F + H) * 4 B (gate and up outputs, activation, down outputs).
+    logits: one fp32 row of vocab_size per sequence per step (n_parallel rows) on the device of
+        the output head.
+    expert_upload: GPU staging for prompt batches whose experts live on the CPU: `upload_slots`
+        buffers, each the largest CPU-resident layer's expert bytes (a 512-token batch routes to
+        almost every expert: 1 - (1 - k/E)^512 ~ 100 %), so the next layer's upload can overlap
+        this layer's compute.
+    """
+
+    activations: int = 0
+    attention: int = 0
+    experts: int = 0
+    logits: int = 0
+    expert_upload: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.activations + self.attention + self.experts + self.logits + self.expert_upload
+
+    def as_dict(self) -> dict[str, int]:
+        return {"activations": self.activations, "attention": self.attention,
+                "experts": self.experts, "logits": self.logits,
+                "expert_upload": self.expert_upload}
+
+
+def estimate_compute(cfg: ModelShape, *, ubatch: int, ctx_size: int, n_parallel: int,
+                     runs_layers: bool, runs_experts: bool, runs_output: bool,
+                     upload_bytes: int) -> ComputeEstimate:
+    """Compute-buffer estimate for one device (see ComputeEstimate for each term)."""
+    H, Q = cfg.hidden, cfg.n_heads * cfg.head_dim
+    KV, E, k, F = cfg.n_kv_heads * cfg.head_dim, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn
+    act = ubatch * (3 * H + 2 * Q + 2 * KV + E) * F32 if runs_layers else 0
+    attn = cfg.n_heads * ubatch * min(ctx_size, ATTN_KEY_BLOCK) * F32 if runs_layers else 0
+    exp = ubatch * k * (3 * F + H) * F32 if runs_experts else 0
+    logits = n_parallel * cfg.vocab_size * F32 if runs_output else 0
+    return ComputeEstimate(act, attn, exp, logits, upload_bytes)
+
+
+def available_ram_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (includes reclaimable page cache), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def cuda_free_bytes(device: str) -> int | None:
+    """Free memory of a CUDA device, or None when torch/CUDA is absent.
+
+    torch is imported here only: `hybridmoe plan` must stay torch-free unless it needs this.
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free)

@@ -1,0 +1,423 @@
+"""The placement plan: every tensor -> `cpu` (used in place from the mmap) or `cuda:N`, decided
+once from the GGUF header and the options, before anything is loaded, with per-device bytes.
+
+Rules, in llama.cpp's order and meaning (../shared/reference/llama-cpp-moe-offload.md §1):
+  1. the token embedding stays on the CPU (a row gather per token; llama.cpp does the same);
+  2. `-ot REGEX=DEVICE` rules, first match wins;
+  3. `--cpu-moe` (experts of every layer -> cpu), then `--n-cpu-moe N` (experts of layers 0..N-1);
+  4. `-ngl N`: layer il goes to the GPU when il >= n_layers + 1 - N; the output head and final
+     norm count as layer n_layers, so they are on the GPU whenever N >= 1. Default: all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hybridmoe.placement.memory import (
+    GIB,
+    VRAM_MARGIN_BYTES,
+    ComputeEstimate,
+    ModelShape,
+    cuda_free_bytes,
+    estimate_compute,
+    layer_kv_bytes,
+)
+from hybridmoe.placement.rules import (
+    CPU,
+    KIND_EMBEDDING,
+    KIND_EXPERTS,
+    KINDS,
+    PlacementError,
+    Rule,
+    cpu_moe_rules,
+    first_match,
+    n_cpu_moe_rules,
+    normalize_device,
+    parse_overrides,
+    tensor_kind,
+    tensor_layer,
+)
+
+
+class TensorLike(Protocol):
+    """What the plan reads from gguf.reader.TensorInfo."""
+
+    name: str
+    ggml_type: Any  # GGMLType (an IntEnum); its .name is printed
+    nbytes: int
+
+
+@dataclass
+class PlacementOptions:
+    """User-facing placement knobs (CLI flags in parentheses).
+
+    n_gpu_layers (-ngl): None = all layers and the output head on the GPU.
+    override_tensor (-ot): "REGEX=DEVICE[,REGEX=DEVICE]" strings; they win over the shortcuts.
+    ctx_size (-c): total context in tokens, split evenly across the n_parallel slots (as in
+        llama-server and `hybridmoe serve`); 0 = the model's training context.
+    n_parallel (--parallel): slots (concurrent sequences).
+    batch_size: tokens per forward step (llama.cpp's micro-batch, -ub); sizes compute buffers
+        and the sliding-window KV.
+    kv_dtype_bytes: bytes per cached K/V value (2 = f16/bf16).
+    vram_budget (--vram-budget): GiB the plan may use on the GPU device; None = unknown, or with
+        `fit`, the device's free memory minus VRAM_MARGIN_BYTES.
+    fit (--fit): choose the number of expert layers on the GPU (replaces cpu_moe/n_cpu_moe).
+    upload_slots: GPU buffers, each one CPU-resident layer's experts, for computing prompt
+        batches on the GPU (0 = prompt batches run their CPU experts on the CPU).
+    """
+
+    n_gpu_layers: int | None = None
+    cpu_moe: bool = False
+    n_cpu_moe: int = 0
+    override_tensor: list[str] = field(default_factory=list)
+    gpu_device: str = "cuda:0"
+    ctx_size: int = 4096
+    n_parallel: int = 1
+    batch_size: int = 512
+    kv_dtype_bytes: float = 2
+    vram_budget: float | None = None
+    fit: bool = False
+    upload_slots: int = 2
+
+    def validate(self) -> None:
+        checks = [
+            (self.n_gpu_layers is None or self.n_gpu_layers >= 0, "-ngl must be >= 0",
+             self.n_gpu_layers),
+            (self.n_cpu_moe >= 0, "--n-cpu-moe must be >= 0", self.n_cpu_moe),
+            (self.ctx_size >= 0, "-c/--ctx-size must be >= 0 (0 = model's context)", self.ctx_size),
+            (self.n_parallel >= 1, "--parallel must be >= 1", self.n_parallel),
+            (self.batch_size >= 1, "batch size must be >= 1", self.batch_size),
+            (self.kv_dtype_bytes > 0, "kv_dtype_bytes must be > 0", self.kv_dtype_bytes),
+            (self.vram_budget is None or self.vram_budget > 0, "--vram-budget must be > 0 GiB",
+             self.vram_budget),
+            (self.upload_slots >= 0, "upload_slots must be >= 0", self.upload_slots),
+        ]
+        for ok, msg, value in checks:
+            if not ok:
+                raise PlacementError(f"{msg}, got {value}")
+        if isinstance(self.override_tensor, str):
+            raise PlacementError("override_tensor must be a list of 'REGEX=DEVICE' strings, not a str")
+
+
+@dataclass(frozen=True)
+class TensorPlacement:
+    name: str
+    device: str
+    kind: str
+    layer: int | None  # None for the embedding and the output-layer tensors
+    type: str  # ggml type name, e.g. "MXFP4"
+    nbytes: int
+    rule: str  # which rule decided the device
+
+
+@dataclass
+class DeviceUsage:
+    device: str
+    weights_by_kind: dict[str, int]
+    kv_bytes: int
+    compute: ComputeEstimate
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(self.weights_by_kind.values())
+
+    @property
+    def compute_bytes(self) -> int:
+        return self.compute.total
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"weights_bytes": self.weights_bytes, "kv_bytes": self.kv_bytes,
+                "compute_bytes": self.compute_bytes, "total_bytes": self.total_bytes,
+                "weights_by_kind": dict(self.weights_by_kind),
+                "compute_detail": self.compute.as_dict()}
+
+
+@dataclass
+class RamSide:
+    """Host memory: CPU tensors are used in place from the mmap, so they need page cache."""
+
+    mmap_expert_bytes: int  # expert tensors on the CPU: read on every token, must stay cached
+    mmap_other_bytes: int  # other CPU tensors (token embedding, CPU layers)
+    kv_bytes: int
+    compute_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.mmap_expert_bytes + self.mmap_other_bytes + self.kv_bytes + self.compute_bytes
+
+    def as_dict(self) -> dict[str, int]:
+        return {"mmap_expert_bytes": self.mmap_expert_bytes,
+                "mmap_other_bytes": self.mmap_other_bytes, "kv_bytes": self.kv_bytes,
+                "compute_bytes": self.compute_bytes, "total_bytes": self.total_bytes}
+
+
+@dataclass
+class Plan:
+    tensors: list[TensorPlacement]
+    devices: dict[str, DeviceUsage]  # GPU device(s) first, then "cpu"
+    ram: RamSide
+    layer_devices: list[str]  # where each layer's attention (and KV) lives
+    expert_devices: list[str]  # where each layer's expert weights live
+    options: PlacementOptions
+    ctx_size: int  # total context, resolved (0 -> model context)
+    ctx_per_slot: int
+    notes: list[str] = field(default_factory=list)
+    _by_name: dict[str, TensorPlacement] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_name = {t.name: t for t in self.tensors}
+
+    def device_of(self, name: str) -> str:
+        """Device of tensor `name` ('cpu' or 'cuda:N')."""
+        try:
+            return self._by_name[name].device
+        except KeyError:
+            raise PlacementError(f"tensor {name!r} is not in the plan (not in the model file)") from None
+
+    @property
+    def gpu_device(self) -> str:
+        return normalize_device(self.options.gpu_device)
+
+    @property
+    def n_gpu_expert_layers(self) -> int:
+        return sum(d != CPU for d in self.expert_devices)
+
+    def layer_expert_bytes(self, layer: int) -> int:
+        return sum(t.nbytes for t in self.tensors if t.layer == layer and t.kind == KIND_EXPERTS)
+
+    def to_json(self) -> dict[str, Any]:
+        opts = dataclasses.asdict(self.options)
+        opts["ctx_size_resolved"] = self.ctx_size
+        opts["ctx_per_slot"] = self.ctx_per_slot
+        return {
+            "devices": {d: u.as_dict() for d, u in self.devices.items()},
+            "ram": self.ram.as_dict(),
+            "n_gpu_expert_layers": self.n_gpu_expert_layers,
+            "options": opts,
+            "notes": list(self.notes),
+            "tensors": [{"name": t.name, "device": t.device, "type": t.type, "bytes": t.nbytes,
+                         "kind": t.kind, "layer": t.layer, "rule": t.rule} for t in self.tensors],
+        }
+
+
+def _type_name(t: Any) -> str:
+    return getattr(t, "name", None) or str(t)
+
+
+def _override_rules(opts: PlacementOptions, n_layers: int) -> list[Rule]:
+    rules = parse_overrides(list(opts.override_tensor), opts.gpu_device)
+    if opts.cpu_moe:
+        rules += cpu_moe_rules()
+    if opts.n_cpu_moe:
+        rules += n_cpu_moe_rules(min(opts.n_cpu_moe, n_layers))  # N >= n_layers == --cpu-moe
+    return rules
+
+
+def _assign(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOptions
+            ) -> list[TensorPlacement]:
+    L = cfg.n_layers
+    gpu = normalize_device(opts.gpu_device)
+    ngl = L + 1 if opts.n_gpu_layers is None else opts.n_gpu_layers
+    gpu_start = max(L + 1 - ngl, 0)  # first layer index on the GPU; index L = output layer
+    rules = _override_rules(opts, L)
+    out = []
+    for name, info in tensors.items():
+        kind, layer = tensor_kind(name), tensor_layer(name)
+        if kind == KIND_EMBEDDING:
+            device, why = CPU, "token embedding: always cpu (row gather)"
+        elif (rule := first_match(rules, name)) is not None:
+            device, why = rule.device, rule.describe()
+        else:
+            il = L if layer is None else layer
+            on_gpu = il >= gpu_start
+            device = gpu if on_gpu else CPU
+            what = "output layer" if layer is None else f"layer {il}"
+            why = f"-ngl {'all' if opts.n_gpu_layers is None else ngl}: {what} on {device}"
+        out.append(TensorPlacement(name, device, kind, layer, _type_name(info.ggml_type),
+                                   int(info.nbytes), why))
+    return out
+
+
+def _layer_devices(cfg: ModelShape, placed: dict[str, TensorPlacement], opts: PlacementOptions
+                   ) -> tuple[list[str], list[str]]:
+    attn, experts = [], []
+    for i in range(cfg.n_layers):
+        k = placed.get(f"blk.{i}.attn_k.weight") or placed.get(f"blk.{i}.attn_q.weight")
+        if k is None:
+            raise PlacementError(f"layer {i}: no attn_k/attn_q weight in the tensor index")
+        attn.append(k.device)
+        exp = [t for t in placed.values() if t.layer == i and t.kind == KIND_EXPERTS]
+        # A layer whose expert tensors were split by -ot counts as CPU if any part is on the CPU.
+        experts.append(CPU if any(t.device == CPU for t in exp) or not exp else exp[0].device)
+    return attn, experts
+
+
+def _account(cfg: ModelShape, tensors: list[TensorPlacement], opts: PlacementOptions
+             ) -> Plan:
+    ctx = opts.ctx_size or cfg.context_length
+    per_slot = ctx // opts.n_parallel
+    if per_slot < 1:
+        raise PlacementError(f"context {ctx} split across {opts.n_parallel} slots leaves none per slot")
+    placed = {t.name: t for t in tensors}
+    attn_dev, exp_dev = _layer_devices(cfg, placed, opts)
+    out_t = placed.get("output.weight")
+    out_dev = out_t.device if out_t else attn_dev[-1]
+
+    gpu = normalize_device(opts.gpu_device)
+    names = [gpu] if gpu != CPU else []
+    names += sorted({t.device for t in tensors if t.device not in (CPU, gpu)})
+    names.append(CPU)
+    weights = {d: {k: 0 for k in KINDS} for d in names}
+    for t in tensors:
+        weights[t.device][t.kind] += t.nbytes
+    kv = {d: 0 for d in names}
+    for i in range(cfg.n_layers):
+        kv[attn_dev[i]] += layer_kv_bytes(cfg, i, per_slot, opts.batch_size, opts.n_parallel,
+                                          opts.kv_dtype_bytes)
+    cpu_expert_bytes = [0] * cfg.n_layers
+    for t in tensors:
+        if t.kind == KIND_EXPERTS and t.device == CPU and t.layer is not None:
+            cpu_expert_bytes[t.layer] += t.nbytes
+
+    devices = {}
+    for d in names:
+        upload = 0
+        if d != CPU and opts.upload_slots:
+            staged = [cpu_expert_bytes[i] for i in range(cfg.n_layers) if attn_dev[i] == d]
+            upload = opts.upload_slots * max(staged, default=0)
+        compute = estimate_compute(
+            cfg, ubatch=opts.batch_size, ctx_size=per_slot, n_parallel=opts.n_parallel,
+            runs_layers=d in attn_dev, runs_experts=d in exp_dev, runs_output=d == out_dev,
+            upload_bytes=upload)
+        devices[d] = DeviceUsage(d, {k: v for k, v in weights[d].items() if v}, kv[d], compute)
+
+    cpu_t = [t for t in tensors if t.device == CPU]
+    ram = RamSide(
+        mmap_expert_bytes=sum(t.nbytes for t in cpu_t if t.kind == KIND_EXPERTS),
+        mmap_other_bytes=sum(t.nbytes for t in cpu_t if t.kind != KIND_EXPERTS),
+        kv_bytes=devices[CPU].kv_bytes, compute_bytes=devices[CPU].compute_bytes)
+    return Plan(tensors, devices, ram, attn_dev, exp_dev, opts, ctx, per_slot)
+
+
+def _plan_for(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
+    return _account(cfg, _assign(cfg, tensors, opts), opts)
+
+
+def resolve_vram_budget(opts: PlacementOptions) -> int | None:
+    """Budget in bytes: --vram-budget, else the device's free memory minus a margin (CUDA only)."""
+    if opts.vram_budget is not None:
+        return int(opts.vram_budget * GIB)
+    gpu = normalize_device(opts.gpu_device)
+    if gpu == CPU:
+        return None
+    free = cuda_free_bytes(gpu)
+    return None if free is None else max(free - VRAM_MARGIN_BYTES, 0)
+
+
+def make_plan(config: ModelShape, tensors: dict[str, TensorLike],
+              options: PlacementOptions | None = None) -> Plan:
+    """Decide every tensor's device and the bytes each device needs.
+
+    Pure apart from `fit` without a `vram_budget`, which asks CUDA for its free memory.
+    Raises PlacementError on a bad option, regex or device, or when `fit` cannot fit.
+    """
+    opts = options or PlacementOptions()
+    opts.validate()
+    if not tensors:
+        raise PlacementError("empty tensor index: nothing to place")
+    if not opts.fit:
+        return _plan_for(config, tensors, opts)
+    if opts.cpu_moe or opts.n_cpu_moe:
+        raise PlacementError("--fit chooses the CPU expert layers itself: drop --cpu-moe/--n-cpu-moe")
+    budget = resolve_vram_budget(opts)
+    if budget is None:
+        raise PlacementError(
+            f"--fit needs a VRAM budget: no CUDA device {opts.gpu_device!r} to measure here, "
+            "pass --vram-budget GiB")
+    return fit_plan(config, tensors, opts, budget)
+
+
+def fit_plan(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOptions,
+             budget_bytes: int) -> Plan:
+    """The plan with the most expert layers on the GPU whose GPU total fits `budget_bytes`.
+
+    Layers move in llama.cpp's --n-cpu-moe order (the CPU keeps the lowest indices). GPU bytes
+    grow with each layer moved, except that the upload buffers vanish once no expert layer is
+    left on the CPU, so "all on GPU" is tried first, then a bisection over the rest.
+    """
+    L = cfg.n_layers
+    gpu = normalize_device(opts.gpu_device)
+    if gpu == CPU:
+        raise PlacementError("--fit needs a GPU device, but gpu_device is 'cpu'")
+
+    def plan_with(n_gpu_layers_exp: int) -> Plan:
+        o = dataclasses.replace(opts, fit=False, cpu_moe=False, n_cpu_moe=L - n_gpu_layers_exp)
+        return _plan_for(cfg, tensors, o)
+
+    def gpu_total(p: Plan) -> int:
+        return p.devices[gpu].total_bytes
+
+    best = plan_with(L)
+    if gpu_total(best) > budget_bytes:
+        lo_plan = plan_with(0)
+        if gpu_total(lo_plan) > budget_bytes:
+            u = lo_plan.devices[gpu]
+            raise PlacementError(
+                f"--fit: even with every expert on the CPU, {gpu} needs {_g(u.total_bytes)} "
+                f"(weights {_g(u.weights_bytes)}, KV {_g(u.kv_bytes)}, compute "
+                f"{_g(u.compute_bytes)}) but the budget is {_g(budget_bytes)}; lower -c, "
+                "--parallel or -ngl")
+        lo, hi = 0, L - 1  # invariant: plan_with(lo) fits; answer in [lo, hi]
+        best = lo_plan
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            p = plan_with(mid)
+            if gpu_total(p) <= budget_bytes:
+                lo, best = mid, p
+            else:
+                hi = mid - 1
+    g = sum(d != CPU for d in best.expert_devices)
+    best.options = dataclasses.replace(opts, n_cpu_moe=L - g)
+    note = (f"fit: budget {_g(budget_bytes)} on {gpu}; {g} of {L} expert layers on the GPU "
+            f"(--n-cpu-moe {L - g}) need {_g(gpu_total(best))}")
+    if g < L:
+        nxt = gpu_total(plan_with(g + 1))
+        note += f"; {g + 1} would need {_g(nxt)} (over by {_g(nxt - budget_bytes)})"
+    best.notes.append(note)
+    return best
+
+
+def check_fits(plan: Plan, vram_budget: int | None = None, ram_available: int | None = None) -> None:
+    """Raise PlacementError naming the numbers if the plan exceeds a budget (both in BYTES).
+
+    vram_budget applies to every non-CPU device; ram_available to the CPU side (mmap'd weights,
+    which must stay in the page cache, plus CPU KV and compute buffers). None skips a check.
+    """
+    problems = []
+    if vram_budget is not None:
+        for d, u in plan.devices.items():
+            if d != CPU and u.total_bytes > vram_budget:
+                problems.append(
+                    f"{d} needs {_g(u.total_bytes)} (weights {_g(u.weights_bytes)}, KV "
+                    f"{_g(u.kv_bytes)}, compute {_g(u.compute_bytes)}) > VRAM budget "
+                    f"{_g(vram_budget)}: move expert layers to the CPU (--n-cpu-moe, --fit) "
+                    "or lower -c/--parallel")
+    if ram_available is not None and plan.ram.total_bytes > ram_available:
+        r = plan.ram
+        problems.append(
+            f"RAM: needs {_g(r.total_bytes)} (mmap'd experts {_g(r.mmap_expert_bytes)}, other "
+            f"tensors {_g(r.mmap_other_bytes)}, KV {_g(r.kv_bytes)}, compute "
+            f"{_g(r.compute_bytes)}) > available {_g(ram_available)}: experts would be re-read "
+            "from disk on every token")
+    if problems:
+        raise PlacementError("plan does not fit: " + "; ".join(problems))
+
+
+def _g(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
