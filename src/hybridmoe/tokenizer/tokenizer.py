@@ -112,15 +112,15 @@ class Tokenizer:
             raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r}; supported: {sorted(PRE_PATTERNS)}")
         self.pre = pre
         self._tokens = list(tokens)
-        self._types = [int(t) for t in token_types]
+        self._types = list(map(int, token_types))
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
 
         special_types = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
         self._special_ids = {i for i, t in enumerate(self._types) if t in special_types}
         self._control_ids = {i for i, t in enumerate(self._types) if t == TOKEN_CONTROL}
-        self._id_by_text = {}
-        for i, text in enumerate(self._tokens):
-            self._id_by_text.setdefault(text, i)  # first occurrence wins, as in the BPE vocab
+        # First occurrence wins on duplicate strings (built from the end so earlier ids overwrite).
+        n = len(self._tokens)
+        self._id_by_text = dict(zip(reversed(self._tokens), range(n - 1, -1, -1)))
         self._token_bytes = self._build_token_bytes()
         self._hf = self._build_hf(merges)
         # encode_special_tokens is a flag on the shared Rust tokenizer: set it and encode under a lock.
@@ -159,27 +159,41 @@ class Tokenizer:
         )
 
     def _build_token_bytes(self) -> list[bytes]:
+        # Fast path: one translate over all tokens joined (each byte-level char is one byte), then
+        # slice by length. Added tokens (specials) are stored raw, not byte-level encoded.
+        tokens = self._tokens
+        joined = "".join(tokens)
+        try:
+            blob = joined.translate(_CHAR_TO_LATIN1).encode("latin-1")
+        except UnicodeEncodeError:
+            blob = None  # some token is not byte-level (fine for specials); go token by token
         out: list[bytes] = []
-        for i, (text, kind) in enumerate(zip(self._tokens, self._types)):
+        pos = 0
+        for i, text in enumerate(tokens):
+            end = pos + len(text)
             if i in self._special_ids:
-                out.append(text.encode("utf-8"))  # added tokens are stored raw, not byte-level encoded
-                continue
-            try:
-                out.append(byte_level_decode(text))
-            except ValueError as e:
-                raise ValueError(f"tokenizer.ggml.tokens[{i}]: {e}") from None
+                out.append(text.encode("utf-8"))
+            elif blob is not None:
+                out.append(blob[pos:end])
+            else:
+                try:
+                    out.append(byte_level_decode(text))
+                except ValueError as e:
+                    raise ValueError(f"tokenizer.ggml.tokens[{i}]: {e}") from None
+            pos = end
         return out
 
     def _build_hf(self, merges: Sequence[str]) -> _HFTokenizer:
-        pairs: list[tuple[str, str]] = []
-        for k, m in enumerate(merges):
-            a, sep, b = m.partition(" ")
-            if not sep or not a or not b or " " in b:
-                raise ValueError(f"tokenizer.ggml.merges[{k}] = {m!r} is not of the form 'A B'")
-            pairs.append((a, b))
+        pairs = [tuple(m.split(" ")) for m in merges]
+        if set(map(len, pairs)) - {2}:
+            k = next(k for k, p in enumerate(pairs) if len(p) != 2)
+            raise ValueError(f"tokenizer.ggml.merges[{k}] = {merges[k]!r} is not of the form 'A B'")
         # ignore_merges: a pre-token that is itself a vocabulary entry becomes that token directly,
         # as tiktoken does for o200k (rank lookup before merging).
-        bpe = models.BPE(vocab=self._id_by_text, merges=pairs, ignore_merges=True)
+        try:
+            bpe = models.BPE(vocab=self._id_by_text, merges=pairs, ignore_merges=True)
+        except Exception as e:  # the Rust side names the merge whose parts are not tokens
+            raise ValueError(f"tokenizer.ggml.merges is inconsistent with tokenizer.ggml.tokens: {e}") from None
         tk = _HFTokenizer(bpe)
         tk.pre_tokenizer = pre_tokenizers.Sequence(
             [
