@@ -1,0 +1,56 @@
+"""torch twins of quant.formats.dequantize (bit-exact), for tensors converted once and GPU tensors.
+
+Same layouts as formats.py; works on any device the input lives on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
+from hybridmoe.quant.formats import MXFP4_LUT2, SUPPORTED
+
+_LUT2 = torch.tensor(MXFP4_LUT2.tolist(), dtype=torch.float32)
+_FLOAT_VIEWS = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16,
+                GGMLType.BF16: torch.bfloat16}
+
+
+def e8m0_to_fp32_half_torch(e: torch.Tensor) -> torch.Tensor:
+    """2^(e-128) as float32 from uint8 exponents (same bit construction as ggml)."""
+    e = e.to(torch.int32)
+    bits = torch.where(e < 2, torch.bitwise_left_shift(torch.full_like(e, 0x00200000), e),
+                       torch.bitwise_left_shift(e - 1, 23))
+    return bits.view(torch.float32)
+
+
+def dequantize_torch(raw: torch.Tensor, t: GGMLType | int) -> torch.Tensor:
+    """uint8 [..., row_bytes] of type `t` -> float32 [..., row_elems] (a new tensor)."""
+    try:
+        t = GGMLType(t)
+    except ValueError:
+        raise ValueError(f"dequantize_torch: unknown ggml type id {t}") from None
+    if t not in SUPPORTED:
+        raise ValueError(f"dequantize_torch: type {t.name} not supported "
+                         f"(supported: {', '.join(s.name for s in SUPPORTED)})")
+    if raw.dtype != torch.uint8 or raw.dim() == 0:
+        raise ValueError(f"dequantize_torch {t.name}: raw must be a uint8 tensor with a bytes "
+                         f"axis, got {raw.dtype} {tuple(raw.shape)}")
+    bb = BLOCK_SIZES[t][1]
+    if raw.shape[-1] % bb:
+        raise ValueError(f"dequantize_torch {t.name}: last axis of {raw.shape[-1]} bytes is not a "
+                         f"multiple of the {bb}-byte block")
+    raw = raw.contiguous()
+    lead = tuple(raw.shape[:-1])
+    if t in _FLOAT_VIEWS:
+        return raw.view(_FLOAT_VIEWS[t]).to(torch.float32, copy=True)
+    b = raw.reshape(lead + (raw.shape[-1] // bb, bb))
+    if t == GGMLType.Q8_0:
+        d = b[..., :2].contiguous().view(torch.float16).to(torch.float32)  # [..., nb, 1]
+        qs = b[..., 2:].contiguous().view(torch.int8).to(torch.float32)  # [..., nb, 32]
+        return (qs * d).reshape(lead + (-1,))
+    # MXFP4
+    d = e8m0_to_fp32_half_torch(b[..., 0]).unsqueeze(-1)  # [..., nb, 1]
+    qs = b[..., 1:].to(torch.int64)  # [..., nb, 16]
+    lut = _LUT2.to(raw.device)
+    w = torch.cat([lut[qs & 0x0F], lut[qs >> 4]], dim=-1)  # [..., nb, 32]
+    return (w * d).reshape(lead + (-1,))
