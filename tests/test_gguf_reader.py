@@ -335,3 +335,29 @@ def test_sparse_large_file_opens_without_reading(tmp_path):
     raw = m.raw("blk.0.ffn_up_exps.weight")
     assert raw.shape == (32, 2880, 90 * 17)
     assert not raw[31, 2879].any()
+
+
+# ---- `hybridmoe inspect` -----------------------------------------------------------------------
+def test_inspect_command_prints_summary_without_torch(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "i.gguf"
+    write_gguf(path, {"general.architecture": "gpt-oss", "tokenizer.ggml.tokens":
+                      [f"t{i}" for i in range(1000)], "small": [1, 2, 3], "chat": "x" * 5000},
+               [TensorSpec("blk.0.ffn_up_exps.weight", GGMLType.MXFP4, (64, 4, 2)),
+                TensorSpec("w", GGMLType.F32, (32,))], sparse=True)
+    code = ("import sys; from hybridmoe.cli import main; rc = main(['inspect', '-m', sys.argv[1]]);"
+            "assert 'torch' not in sys.modules, 'inspect imported torch'; sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "[1000 strings]" in out and "[1, 2, 3]" in out and "(5000 chars)" in out
+    assert "blk.0.ffn_up_exps.weight" in out and "[64, 4, 2]" in out and "272" in out
+    assert "MXFP4" in out and "total" in out
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(40))
+    r = subprocess.run([sys.executable, "-m", "hybridmoe.cli", "inspect", "-m", str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "not a GGUF file" in r.stderr
