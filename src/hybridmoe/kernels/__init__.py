@@ -1,0 +1,329 @@
+"""Python face of the C++ CPU kernels (csrc/, through ctypes), with a torch fallback.
+
+Every tensor is checked here (dtype, shape, strides, device) once per call; the C side trusts
+the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is copied or repacked.
+
+    available() -> bool            the compiled library loaded (else: kernels.reference, torch)
+    isa() -> str                   "avx512" | "avx2" | "scalar" | "torch"
+    set_isa(name)                  force a variant ("auto" = best supported); env HYBRIDMOE_ISA
+    set_num_threads(n)             size of the persistent worker pool (default: physical cores)
+    ExpertTensors                  one layer's routed experts (mmap views)
+    moe_forward(...)               fused gpt-oss MoE layer; moe_forward_submit(...) -> Future
+    linear_q8_0 / linear_mxfp4     x @ W^T (+ bias) for quantized dense weights
+    dequantize(raw, ggml_type)     float32 copy through the kernels' own decoder (tests, tools)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.kernels import _lib, reference
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ExpertTensors", "available", "dequantize", "isa", "linear_mxfp4", "linear_q8_0", "moe_forward",
+    "moe_forward_submit", "num_threads", "set_gemv_max_tokens", "set_isa", "set_num_threads",
+]
+
+_ISAS = ("avx512", "avx2", "scalar")
+_BLOCK = {GGMLType.MXFP4: 17, GGMLType.Q8_0: 34}  # bytes per 32-weight block (C-supported types)
+
+_lib_handle, _why_missing = _lib.load()
+_warned = False
+
+
+def _warn_fallback() -> None:
+    global _warned
+    if not _warned:
+        log.warning("hybridmoe C++ kernels unavailable (%s); using the slow torch reference", _why_missing)
+        _warned = True
+
+
+def available() -> bool:
+    """True when the compiled kernel library is loaded."""
+    return _lib_handle is not None
+
+
+def isa() -> str:
+    """The kernel variant in use: "avx512", "avx2", "scalar", or "torch" (no library)."""
+    return _lib_handle.hm_get_isa().decode() if _lib_handle else "torch"
+
+
+def set_isa(name: str) -> None:
+    """Force a kernel variant ("avx512", "avx2", "scalar") or pick the best one ("auto")."""
+    if _lib_handle is None:
+        raise RuntimeError(f"no compiled kernels to choose from: {_why_missing}")
+    if name == "auto":
+        for cand in _ISAS:
+            if _lib_handle.hm_isa_supported(cand.encode()) and _self_check(cand):
+                return
+        raise RuntimeError("no kernel variant passed its self-check")  # scalar always should
+    if name not in _ISAS:
+        raise ValueError(f"unknown ISA {name!r}; choose one of {', '.join(_ISAS)} or 'auto'")
+    rc = _lib_handle.hm_set_isa(name.encode())
+    if rc == _lib.ERR_BAD_ISA:
+        raise ValueError(f"this CPU does not support the {name} kernels")
+    if rc:
+        raise RuntimeError(f"hm_set_isa({name}) failed: {rc}")
+
+
+def set_num_threads(n: int) -> None:
+    """Resize the kernels' persistent worker pool (the caller counts as one of the n threads)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_threads must be a positive int, got {n!r}")
+    if _lib_handle is not None and _lib_handle.hm_set_num_threads(n):
+        raise RuntimeError(f"hm_set_num_threads({n}) failed")
+
+
+def num_threads() -> int:
+    return _lib_handle.hm_get_num_threads() if _lib_handle else torch.get_num_threads()
+
+
+def set_gemv_max_tokens(n: int) -> None:
+    """Tokens per expert (or per dense call) up to which the streaming GEMV is used; above it,
+    rows are decoded to an L2-sized float32 tile and multiplied by a register-blocked GEMM."""
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"gemv_max_tokens must be an int >= 0, got {n!r}")
+    if _lib_handle is not None:
+        _lib_handle.hm_set_gemv_max_tokens(n)
+
+
+def _physical_cores() -> int:
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
+            siblings = f.read().strip()
+        per_core = sum(1 + (int(b) - int(a) if "-" in part else 0)
+                       for part in siblings.split(",") for a, _, b in [part.partition("-")])
+        return max(1, cpus // max(1, per_core))
+    except (OSError, ValueError):
+        return cpus
+
+
+# ----------------------------------------------------------------------------- pointer helpers
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _f32(t: torch.Tensor, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
+        raise ValueError(f"{name} must be a float32 CPU torch.Tensor, got "
+                         f"{getattr(t, 'dtype', type(t))} on {getattr(t, 'device', '?')}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+    return t.contiguous()
+
+
+def _weight_rows(w: np.ndarray, name: str, ggml_type: GGMLType, n_rows: int | None, k: int | None
+                 ) -> tuple[int, int, int]:
+    """Checks a 2-D quantized matrix view; returns (n_rows, K, row_stride_bytes)."""
+    if not isinstance(w, np.ndarray) or w.dtype != np.uint8 or w.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D uint8 numpy array (rows x row bytes), got "
+                         f"{type(w).__name__} {getattr(w, 'dtype', '')} ndim={getattr(w, 'ndim', '?')}")
+    bb = _BLOCK[ggml_type]
+    if w.shape[1] % bb:
+        raise ValueError(f"{name}: row of {w.shape[1]} bytes is not a whole number of {ggml_type.name} blocks")
+    if w.strides[1] != 1 or w.strides[0] < w.shape[1]:
+        raise ValueError(f"{name}: rows must be contiguous bytes, got strides {w.strides}")
+    rows, kk = w.shape[0], w.shape[1] // bb * 32
+    if n_rows is not None and rows != n_rows:
+        raise ValueError(f"{name} has {rows} rows, expected {n_rows}")
+    if k is not None and kk != k:
+        raise ValueError(f"{name} has {kk} inputs per row, expected {k}")
+    return rows, kk, w.strides[0]
+
+
+# ----------------------------------------------------------------------------- experts
+@dataclass(eq=False)
+class ExpertTensors:
+    """One layer's routed experts as views into the GGUF mmap (no copies).
+
+    gate, up: uint8 [E, I, H/32*block_bytes]; down: uint8 [E, H, I/32*block_bytes]. Rows must be
+    contiguous; the E axis may have any stride (e.g. the two halves of a fused gate_up tensor).
+    Biases: float32 [E, I] (gate, up) and [E, H] (down), or None.
+    """
+
+    gate: np.ndarray
+    up: np.ndarray
+    down: np.ndarray
+    gate_bias: torch.Tensor | None
+    up_bias: torch.Tensor | None
+    down_bias: torch.Tensor | None
+    ggml_type: GGMLType
+    _cargs: tuple | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.ggml_type = GGMLType(self.ggml_type)
+        for name in ("gate", "up", "down"):
+            a = getattr(self, name)
+            if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 3:
+                raise ValueError(f"ExpertTensors.{name} must be a uint8 numpy array [E, rows, row_bytes]")
+        if self.gate.shape != self.up.shape:
+            raise ValueError(f"gate {self.gate.shape} and up {self.up.shape} shapes differ")
+        if self.down.shape[0] != self.gate.shape[0]:
+            raise ValueError(f"down has {self.down.shape[0]} experts, gate has {self.gate.shape[0]}")
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate.shape[0]
+
+    def dims(self) -> tuple[int, int]:
+        """(H, I): hidden size (down rows) and expert intermediate size (gate rows)."""
+        return self.down.shape[1], self.gate.shape[1]
+
+    def c_args(self) -> tuple:
+        """Checked pointers for hm_moe_forward, computed once (the views must outlive this object)."""
+        if self._cargs is None:
+            t = self.ggml_type
+            if t not in _BLOCK:
+                raise ValueError(f"no C kernel for expert type {t.name}")
+            E = self.num_experts
+            H, I = self.dims()
+            args = []
+            for name, rows, k in (("gate", I, H), ("up", I, H), ("down", H, I)):
+                a = getattr(self, name)
+                _weight_rows(a[0], f"ExpertTensors.{name}[0]", t, rows, k)
+                args += [_addr(a), a.strides[0] if E > 1 else 0]
+            biases = []
+            for name, rows in (("gate_bias", I), ("up_bias", I), ("down_bias", H)):
+                b = getattr(self, name)
+                if b is not None:
+                    b = _f32(b, f"ExpertTensors.{name}", (E, rows))
+                    setattr(self, name, b)  # keep the contiguous copy alive
+                biases.append(b.data_ptr() if b is not None else None)
+            self._cargs = (E, I, int(t), *args, *biases)
+        return self._cargs
+
+
+def _check_routing(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, H: int) -> tuple:
+    if x.dim() != 2 or x.shape[1] != H:
+        raise ValueError(f"x must be [T, {H}], got {tuple(x.shape)}")
+    x = _f32(x, "x", tuple(x.shape))
+    if ids.dim() != 2 or ids.shape[0] != x.shape[0]:
+        raise ValueError(f"expert_ids must be [T={x.shape[0]}, k], got {tuple(ids.shape)}")
+    if ids.dtype not in (torch.int32, torch.int64) or ids.device.type != "cpu":
+        raise ValueError(f"expert_ids must be int32 on the CPU, got {ids.dtype} on {ids.device}")
+    ids = ids.to(torch.int32).contiguous()
+    wts = _f32(wts, "expert_weights", tuple(ids.shape))
+    return x, ids, wts
+
+
+def moe_forward(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
+                experts: ExpertTensors, swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
+    """gpt-oss routed experts for all T tokens of a step, each expert's weights read once.
+
+    x [T, H] f32, expert_ids [T, k] int32 (int64 accepted), expert_weights [T, k] f32 -> [T, H] f32:
+    out[t] = sum_j w[t,j] * (down_e(swiglu(gate_e(x[t]) + bg, up_e(x[t]) + bu)) + bd), e = ids[t,j].
+    """
+    H, _ = experts.dims()
+    x, ids, wts = _check_routing(x, expert_ids, expert_weights, H)
+    if _lib_handle is None or experts.ggml_type not in _BLOCK:
+        if _lib_handle is None:
+            _warn_fallback()
+        return reference.moe_forward(x, ids, wts, experts, swiglu_alpha, swiglu_limit)
+    out = torch.empty_like(x)
+    E, I, fmt, g, gs, u, us, d, ds, gb, ub, db = experts.c_args()
+    rc = _lib_handle.hm_moe_forward(x.data_ptr(), x.shape[0], H, ids.data_ptr(), wts.data_ptr(),
+                                    ids.shape[1], E, I, fmt, g, gs, u, us, d, ds, gb, ub, db,
+                                    swiglu_alpha, swiglu_limit, out.data_ptr())
+    if rc == _lib.ERR_BAD_EXPERT:
+        bad = ids[(ids < 0) | (ids >= E)]
+        raise ValueError(f"expert_ids out of range [0, {E}): {bad[:8].tolist()}")
+    if rc:
+        raise RuntimeError(f"hm_moe_forward failed with code {rc}")
+    return out
+
+
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def moe_forward_submit(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
+                       experts: ExpertTensors, swiglu_alpha: float = 1.702,
+                       swiglu_limit: float = 7.0) -> concurrent.futures.Future:
+    """moe_forward on a background thread (the C call releases the GIL), so the caller can
+    overlap other work; `.result()` waits. Inputs must not be modified until then."""
+    global _executor
+    if _executor is None:
+        _executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hybridmoe-moe")
+    return _executor.submit(moe_forward, x, expert_ids, expert_weights, experts, swiglu_alpha, swiglu_limit)
+
+
+# ----------------------------------------------------------------------------- dense
+def _linear(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None, t: GGMLType) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D [T, K] tensor, got {getattr(x, 'shape', type(x))}")
+    N, K, stride = _weight_rows(w, "w", t, None, x.shape[1])
+    x = _f32(x, "x", tuple(x.shape))
+    if bias is not None:
+        bias = _f32(bias, "bias", (N,))
+    if _lib_handle is None:
+        _warn_fallback()
+        return reference.linear(x, w, t, bias)
+    out = torch.empty((x.shape[0], N), dtype=torch.float32)
+    rc = _lib_handle.hm_linear(int(t), x.data_ptr(), x.shape[0], K, _addr(w), N, stride,
+                               bias.data_ptr() if bias is not None else None, out.data_ptr())
+    if rc:
+        raise RuntimeError(f"hm_linear failed with code {rc}")
+    return out
+
+
+def linear_q8_0(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] f32 @ W^T (+ bias [N]) -> [T, N] f32; W uint8 [N, K/32*34] Q8_0 (e.g. mmap view)."""
+    return _linear(x, w, bias, GGMLType.Q8_0)
+
+
+def linear_mxfp4(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] f32 @ W^T (+ bias [N]) -> [T, N] f32; W uint8 [N, K/32*17] MXFP4."""
+    return _linear(x, w, bias, GGMLType.MXFP4)
+
+
+def dequantize(raw: np.ndarray, ggml_type: GGMLType | int) -> np.ndarray:
+    """uint8 [..., row_bytes] -> float32 [..., K] through the current ISA's decoder (bit-exact)."""
+    t = GGMLType(ggml_type)
+    if _lib_handle is None or t not in _BLOCK:
+        return reference.dequant(raw, t).numpy()
+    flat = raw.reshape(-1, raw.shape[-1]) if raw.ndim != 2 else raw
+    n, K, stride = _weight_rows(flat, "raw", t, None, None)
+    out = np.empty((n, K), dtype=np.float32)
+    if _lib_handle.hm_dequant(int(t), _addr(flat), n, stride, K, _addr(out)):
+        raise RuntimeError("hm_dequant failed")
+    return out.reshape(*raw.shape[:-1], K)
+
+
+# ----------------------------------------------------------------------------- start-up
+def _self_check(name: str) -> bool:
+    """Selects `name` if it agrees with the scalar kernels on a small random problem; guards
+    against a SIMD variant that was never run on this kind of CPU."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(0, 256, size=(7, 4 * 17), dtype=np.uint8)
+    w[:, ::17] = rng.integers(118, 130, size=(7, 4), dtype=np.uint8)  # sane e8m0 scales
+    x = torch.from_numpy(rng.standard_normal((10, 128), dtype=np.float32))
+    results = []
+    for variant in ("scalar", name):
+        _lib_handle.hm_set_isa(variant.encode())
+        results.append([linear_mxfp4(x[:n], w) for n in (1, 10)])
+    ok = all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(*results))
+    if not ok:
+        log.warning("hybridmoe %s kernels disagree with the scalar reference; not using them", name)
+        _lib_handle.hm_set_isa(b"scalar")
+    return ok
+
+
+def _init() -> None:
+    if _lib_handle is None:
+        _warn_fallback()
+        return
+    forced = os.environ.get("HYBRIDMOE_ISA", "auto")
+    set_isa(forced)
+    set_num_threads(int(os.environ.get("HYBRIDMOE_THREADS", 0) or _physical_cores()))
+
+
+_init()

@@ -1,0 +1,324 @@
+// C ABI of the kernel library (loaded with ctypes by hybridmoe/kernels/_lib.py): ISA dispatch,
+// thread pool, dense quantized linear, fused gpt-oss MoE layer. Return 0 on success, <0 on error.
+#include <cpuid.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "threadpool.h"
+
+#define HM_API extern "C" __attribute__((visibility("default")))
+
+namespace hm {
+
+float g_e8m0_table[256];
+
+namespace {
+
+constexpr int64_t kChunkRows = 24;  // rows per work unit; 24 x 2880 fp32 tile = 276 KB (L2-sized)
+constexpr int kErrBadArg = -1, kErrBadExpert = -2, kErrBadIsa = -3;
+
+std::mutex g_call_mu;  // one op at a time owns the pool and the scratch buffers
+std::unique_ptr<ThreadPool> g_pool;
+const KernelSet* g_ks = nullptr;
+int g_gemv_max_tokens = 8;  // per-expert token count up to which the fused GEMV beats the tile GEMM
+
+bool cpu_has_f16c() {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
+bool isa_supported(const std::string& name) {
+    __builtin_cpu_init();
+    if (name == "scalar") return true;
+    if (name == "avx2")
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+    if (name == "avx512")
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && isa_supported("avx2");
+    return false;
+}
+
+const KernelSet* kernels_for(const std::string& name) {
+    if (name == "avx512") return &kAvx512Kernels;
+    if (name == "avx2") return &kAvx2Kernels;
+    if (name == "scalar") return &kScalarKernels;
+    return nullptr;
+}
+
+struct Init {
+    Init() {
+        for (int e = 0; e < 256; ++e) g_e8m0_table[e] = e8m0_half(uint8_t(e));
+        g_ks = isa_supported("avx512") ? &kAvx512Kernels
+               : isa_supported("avx2") ? &kAvx2Kernels
+                                       : &kScalarKernels;
+        g_pool = std::make_unique<ThreadPool>(1);
+    }
+} g_init;
+
+int64_t row_bytes_of(int fmt, int64_t K) {
+    return K / kBlockElems * (fmt == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes);
+}
+
+bool fmt_ok(int fmt) { return fmt == kMXFP4 || fmt == kQ8_0; }
+
+// Scratch reused across calls (guarded by g_call_mu) and per thread (tiles, partial outputs).
+std::vector<float> g_xp, g_xg, g_act, g_actp;
+thread_local std::vector<float> t_tile, t_buf0, t_buf1;
+
+float* grow(std::vector<float>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+}
+
+// out[a*n_rows + r] = W[r] . A[a] for a < M: fused GEMV (A rows already prepped) or tile+GEMM.
+void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
+                int64_t n_rows, int64_t K, const float* A, int64_t M, float* out) {
+    if (tile_path) {
+        float* tile = grow(t_tile, size_t(n_rows * K));
+        ks->decode(fmt, w, row_bytes, n_rows, K, tile);
+        ks->gemm(A, K, M, tile, K, n_rows, K, out, n_rows);
+        return;
+    }
+    for (int64_t a0 = 0; a0 < M; a0 += kMaxGemvTokens) {
+        const int nt = int(std::min<int64_t>(kMaxGemvTokens, M - a0));
+        const float* xs[kMaxGemvTokens];
+        for (int t = 0; t < nt; ++t) xs[t] = A + (a0 + t) * K;
+        ks->gemv(fmt, w, row_bytes, n_rows, K, xs, nt, out + a0 * n_rows, n_rows);
+    }
+}
+
+// ---------------------------------------------------------------- dense linear
+struct LinearCtx {
+    const KernelSet* ks;
+    int fmt;
+    bool tile_path;
+    const float* x;  // [T, K], prepped for the GEMV path
+    int64_t T, K, N, row_stride;
+    const uint8_t* w;
+    const float* bias;
+    float* out;  // [T, N]
+    int64_t num_units;
+    std::atomic<int64_t> next{0};
+};
+
+void linear_job(void* p, int) {
+    auto& c = *static_cast<LinearCtx*>(p);
+    for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < c.num_units;) {
+        const int64_t r0 = u * kChunkRows, nr = std::min(kChunkRows, c.N - r0);
+        float* buf = grow(t_buf0, size_t(c.T * nr));
+        rows_times(c.ks, c.fmt, c.tile_path, c.w + r0 * c.row_stride, c.row_stride, nr, c.K, c.x, c.T, buf);
+        for (int64_t t = 0; t < c.T; ++t)
+            for (int64_t r = 0; r < nr; ++r)
+                c.out[t * c.N + r0 + r] = buf[t * nr + r] + (c.bias ? c.bias[r0 + r] : 0.f);
+    }
+}
+
+// ---------------------------------------------------------------- fused MoE
+struct Slot {
+    int32_t expert;
+    int64_t first, count;  // assignments [first, first + count) in expert-sorted order
+    bool tile_path;
+};
+
+struct MoeCtx {
+    const KernelSet* ks;
+    int fmt;
+    int64_t H, I;
+    const uint8_t *gate, *up, *down;
+    int64_t gate_es, up_es, down_es;  // byte strides between experts
+    const float *gb, *ub, *db;
+    float alpha, limit;
+    std::vector<Slot> slots;
+    std::vector<int32_t> asg_token;
+    std::vector<float> asg_weight;
+    float *xg, *act, *actp, *out;
+    int64_t T, chunks_i, chunks_h;
+    std::atomic<int64_t> next{0};
+};
+
+void moe_gate_up_job(void* p, int) {
+    auto& c = *static_cast<MoeCtx*>(p);
+    const int64_t rb = row_bytes_of(c.fmt, c.H), n_units = int64_t(c.slots.size()) * c.chunks_i;
+    for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
+        const Slot& s = c.slots[size_t(u / c.chunks_i)];
+        const int64_t r0 = (u % c.chunks_i) * kChunkRows, nr = std::min(kChunkRows, c.I - r0);
+        float* g = grow(t_buf0, size_t(s.count * nr));
+        float* v = grow(t_buf1, size_t(s.count * nr));
+        const float* A = c.xg + s.first * c.H;
+        rows_times(c.ks, c.fmt, s.tile_path, c.gate + s.expert * c.gate_es + r0 * rb, rb, nr, c.H, A, s.count, g);
+        rows_times(c.ks, c.fmt, s.tile_path, c.up + s.expert * c.up_es + r0 * rb, rb, nr, c.H, A, s.count, v);
+        const float* gb = c.gb ? c.gb + s.expert * c.I + r0 : nullptr;
+        const float* ub = c.ub ? c.ub + s.expert * c.I + r0 : nullptr;
+        for (int64_t a = 0; a < s.count; ++a) {
+            float* act = c.act + (s.first + a) * c.I + r0;
+            for (int64_t r = 0; r < nr; ++r) {
+                float gv = g[a * nr + r] + (gb ? gb[r] : 0.f);
+                float uv = v[a * nr + r] + (ub ? ub[r] : 0.f);
+                // Written so that NaN falls through both clamps (never replaced by the limit).
+                gv = gv > c.limit ? c.limit : gv;
+                uv = uv > c.limit ? c.limit : (uv < -c.limit ? -c.limit : uv);
+                act[r] = gv / (1.f + std::exp(-c.alpha * gv)) * (uv + 1.f);
+            }
+        }
+    }
+}
+
+void moe_down_job(void* p, int) {
+    auto& c = *static_cast<MoeCtx*>(p);
+    const int64_t rb = row_bytes_of(c.fmt, c.I);
+    for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < c.chunks_h;) {
+        const int64_t r0 = u * kChunkRows, nr = std::min(kChunkRows, c.H - r0);
+        for (int64_t t = 0; t < c.T; ++t) std::fill_n(c.out + t * c.H + r0, nr, 0.f);
+        // Experts in a fixed order, each unit owning its output columns: deterministic, no races.
+        for (const Slot& s : c.slots) {
+            float* y = grow(t_buf0, size_t(s.count * nr));
+            const float* A = (s.tile_path ? c.act : c.actp) + s.first * c.I;
+            rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I, A, s.count, y);
+            const float* db = c.db ? c.db + s.expert * c.H + r0 : nullptr;
+            for (int64_t a = 0; a < s.count; ++a) {
+                const float w = c.asg_weight[size_t(s.first + a)];
+                float* o = c.out + int64_t(c.asg_token[size_t(s.first + a)]) * c.H + r0;
+                for (int64_t r = 0; r < nr; ++r) o[r] += w * (y[a * nr + r] + (db ? db[r] : 0.f));
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace hm
+
+using namespace hm;
+
+HM_API int hm_abi_version() { return 1; }
+
+HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
+
+HM_API int hm_set_isa(const char* name) {
+    const KernelSet* ks = kernels_for(name);
+    if (!ks) return kErrBadArg;
+    if (!isa_supported(name)) return kErrBadIsa;
+    std::lock_guard<std::mutex> lock(g_call_mu);
+    g_ks = ks;
+    return 0;
+}
+
+HM_API const char* hm_get_isa() { return g_ks->name; }
+
+HM_API int hm_set_num_threads(int n) {
+    if (n < 1 || n > 1024) return kErrBadArg;
+    std::lock_guard<std::mutex> lock(g_call_mu);
+    if (g_pool->size() != n) {
+        g_pool.reset();
+        g_pool = std::make_unique<ThreadPool>(n);
+    }
+    return 0;
+}
+
+HM_API int hm_get_num_threads() { return g_pool->size(); }
+
+HM_API int hm_set_gemv_max_tokens(int n) {
+    if (n < 0) return kErrBadArg;
+    g_gemv_max_tokens = n;
+    return 0;
+}
+
+HM_API int hm_get_gemv_max_tokens() { return g_gemv_max_tokens; }
+
+// dst[r*K + k] = W[r][k] (float32) through the current ISA's decoder; rows are row_stride apart.
+HM_API int hm_dequant(int fmt, const uint8_t* w, int64_t n_rows, int64_t row_stride, int64_t K, float* dst) {
+    if (!fmt_ok(fmt) || K <= 0 || K % kBlockElems || n_rows < 0 || row_stride < row_bytes_of(fmt, K))
+        return kErrBadArg;
+    std::lock_guard<std::mutex> lock(g_call_mu);
+    g_ks->decode(fmt, w, row_stride, n_rows, K, dst);
+    return 0;
+}
+
+// out[T, N] = x[T, K] @ W[N, K]^T (+ bias[N]); W quantized (MXFP4 or Q8_0), rows row_stride apart.
+HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_t* w, int64_t N,
+                     int64_t row_stride, const float* bias, float* out) {
+    if (!fmt_ok(fmt) || T < 0 || N < 0 || K <= 0 || K % kBlockElems || row_stride < row_bytes_of(fmt, K))
+        return kErrBadArg;
+    if (T == 0 || N == 0) return 0;
+    std::lock_guard<std::mutex> lock(g_call_mu);
+    LinearCtx c;
+    c.ks = g_ks;
+    c.fmt = fmt;
+    c.tile_path = T > g_gemv_max_tokens;
+    if (!c.tile_path) {
+        float* xp = grow(g_xp, size_t(T * K));
+        for (int64_t t = 0; t < T; ++t) c.ks->prep_x(fmt, x + t * K, xp + t * K, K);
+        c.x = xp;
+    } else {
+        c.x = x;
+    }
+    c.T = T; c.K = K; c.N = N; c.row_stride = row_stride;
+    c.w = w; c.bias = bias; c.out = out;
+    c.num_units = (N + kChunkRows - 1) / kChunkRows;
+    g_pool->run(linear_job, &c);
+    return 0;
+}
+
+// gpt-oss MoE layer: out[T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]). Gate/up tensors are
+// [E, I, H/32 blocks] and down [E, H, I/32 blocks], rows contiguous, experts *_es bytes apart.
+HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* ids, const float* wts,
+                          int64_t k, int64_t E, int64_t I, int fmt, const uint8_t* gate, int64_t gate_es,
+                          const uint8_t* up, int64_t up_es, const uint8_t* down, int64_t down_es,
+                          const float* gate_bias, const float* up_bias, const float* down_bias,
+                          float alpha, float limit, float* out) {
+    if (!fmt_ok(fmt) || T < 0 || k < 1 || E < 1 || H <= 0 || I <= 0 || H % kBlockElems || I % kBlockElems)
+        return kErrBadArg;
+    if (T == 0) return 0;
+    for (int64_t i = 0; i < T * k; ++i)
+        if (ids[i] < 0 || ids[i] >= E) return kErrBadExpert;
+    std::lock_guard<std::mutex> lock(g_call_mu);
+    MoeCtx c;
+    c.ks = g_ks; c.fmt = fmt; c.H = H; c.I = I; c.T = T;
+    c.gate = gate; c.up = up; c.down = down;
+    c.gate_es = gate_es; c.up_es = up_es; c.down_es = down_es;
+    c.gb = gate_bias; c.ub = up_bias; c.db = down_bias;
+    c.alpha = alpha; c.limit = limit; c.out = out;
+
+    // Group the T*k assignments by expert (counting sort, stable in token order).
+    std::vector<int64_t> offset(size_t(E) + 1, 0);
+    for (int64_t i = 0; i < T * k; ++i) ++offset[size_t(ids[i]) + 1];
+    for (int64_t e = 0; e < E; ++e) {
+        const int64_t n = offset[size_t(e) + 1];
+        offset[size_t(e) + 1] += offset[size_t(e)];
+        if (n) c.slots.push_back({int32_t(e), offset[size_t(e)], n, n > g_gemv_max_tokens});
+    }
+    const int64_t n_asg = T * k;
+    c.asg_token.resize(size_t(n_asg));
+    c.asg_weight.resize(size_t(n_asg));
+    std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
+    for (int64_t i = 0; i < n_asg; ++i) {
+        const int64_t pos = fill[size_t(ids[i])]++;
+        c.asg_token[size_t(pos)] = int32_t(i / k);
+        c.asg_weight[size_t(pos)] = wts[i];
+    }
+    c.xg = grow(g_xg, size_t(n_asg * H));
+    c.act = grow(g_act, size_t(n_asg * I));
+    c.actp = grow(g_actp, size_t(n_asg * I));
+    for (const Slot& s : c.slots)
+        for (int64_t a = s.first; a < s.first + s.count; ++a) {
+            const float* src = x + int64_t(c.asg_token[size_t(a)]) * H;
+            if (s.tile_path) std::memcpy(c.xg + a * H, src, size_t(H) * sizeof(float));
+            else c.ks->prep_x(fmt, src, c.xg + a * H, H);
+        }
+    c.chunks_i = (I + kChunkRows - 1) / kChunkRows;
+    c.chunks_h = (H + kChunkRows - 1) / kChunkRows;
+    g_pool->run(moe_gate_up_job, &c);
+    for (const Slot& s : c.slots)
+        if (!s.tile_path)
+            for (int64_t a = s.first; a < s.first + s.count; ++a)
+                c.ks->prep_x(fmt, c.act + a * I, c.actp + a * I, I);
+    c.next.store(0);
+    g_pool->run(moe_down_job, &c);
+    return 0;
+}

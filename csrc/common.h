@@ -1,0 +1,71 @@
+// Shared definitions for the hybridmoe CPU kernels: block formats and the per-ISA kernel table.
+// Block layouts: ../../shared/reference/gguf-mxfp4.md §4-§5 (facts only; code written here).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace hm {
+
+constexpr int kBlockElems = 32;     // MXFP4 and Q8_0 both hold 32 weights per block
+constexpr int kMxfp4Bytes = 17;     // uint8 e8m0 scale + 16 bytes of nibbles
+constexpr int kQ8_0Bytes = 34;      // fp16 scale + 32 int8
+constexpr int kMaxGemvTokens = 4;   // tokens sharing one decode in the fused GEMV
+
+enum Format : int { kMXFP4 = 39, kQ8_0 = 8 };
+
+// E2M1 values doubled (ggml's table), so they are small integers; -0 stored as +0.
+constexpr int8_t kMxfp4Lut2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// ggml's "half" e8m0 convention: d = 2^(e-128), exact for every byte (e=0,1 are subnormal).
+inline float e8m0_half(uint8_t e) {
+    uint32_t bits = e >= 2 ? (uint32_t(e) - 1) << 23 : (0x00200000u << e);
+    float d;
+    std::memcpy(&d, &bits, 4);
+    return d;
+}
+
+// Table of e8m0_half for all 256 bytes; filled once at load (see kernels.cpp).
+extern float g_e8m0_table[256];
+
+inline float fp16_to_fp32(uint16_t h) {
+    uint32_t sign = uint32_t(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);                 // inf / nan
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);         // normal
+    } else if (man == 0) {
+        bits = sign;                                             // zero
+    } else {                                                     // subnormal: renormalise
+        int e = -1;
+        do { man <<= 1; ++e; } while (!(man & 0x400));
+        bits = sign | (uint32_t(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// One ISA's kernels. Weight pointers address row 0 of a block of rows; rows are row_bytes apart.
+// "prepared" x: the layout prep_x() produced for this ISA and format (a per-block permutation).
+struct KernelSet {
+    const char* name;
+    // x [K] -> xp [K] in the order this ISA's fused GEMV wants for `fmt`.
+    void (*prep_x)(int fmt, const float* x, float* xp, int64_t K);
+    // out[t*ldo + r] = dot(W[r], x_t) for r < n_rows, t < nt (nt <= kMaxGemvTokens); no bias.
+    void (*gemv)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
+                 const float* const* xs, int nt, float* out, int64_t ldo);
+    // tile[r*K + k] = W[r][k] as float32, natural order, bit-exact.
+    void (*decode)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
+                   float* tile);
+    // C[m*ldc + n] = dot(A[m*lda ...], B[n*ldb ...]) over K (K % 8 == 0), fp32 accumulate.
+    void (*gemm)(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t N,
+                 int64_t K, float* C, int64_t ldc);
+};
+
+extern const KernelSet kScalarKernels;
+extern const KernelSet kAvx2Kernels;
+extern const KernelSet kAvx512Kernels;
+
+}  // namespace hm

@@ -1,0 +1,165 @@
+// AVX-512 (F/BW/VL) kernels. 16 lanes let one vpermps do the whole 16-entry E2M1 lookup, so the
+// activations stay in natural order. Internal linkage only, as in kern_avx2.cpp.
+#include "common.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#include <immintrin.h>
+
+namespace hm {
+namespace {
+
+constexpr int kPrefetchBytes = 2048;
+
+inline __m512 mx_lut() {
+    alignas(64) float v[16];
+    for (int i = 0; i < 16; ++i) v[i] = float(kMxfp4Lut2[i]);
+    return _mm512_load_ps(v);
+}
+
+// Weights of one block: lo = elements 0..15, hi = elements 16..31 (unscaled, doubled E2M1).
+inline void mx_decode(const uint8_t* blk, __m512 lut, __m512& lo, __m512& hi) {
+    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + 1)));
+    lo = _mm512_permutexvar_ps(idx, lut);                          // uses the low 4 bits only
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), lut);
+}
+
+inline void q8_decode(const uint8_t* blk, __m512& lo, __m512& hi) {
+    lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 2))));
+    hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 18))));
+}
+
+inline __m512 q8_scale(const uint8_t* blk) {
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    return _mm512_set1_ps(_cvtsh_ss(h));
+}
+
+void prep_x(int, const float* x, float* xp, int64_t K) { std::memcpy(xp, x, K * sizeof(float)); }
+
+template <int FMT, int NT>
+void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs,
+            float* out, int64_t ldo) {
+    constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
+    const int64_t nb = K / kBlockElems;
+    const __m512 lut = mx_lut();
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const uint8_t* row = w + r * row_bytes;
+        __m512 acc[2][NT];
+        for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* blk = row + b * bb;
+            _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
+            __m512 lo, hi, d;
+            if (FMT == kMXFP4) {
+                mx_decode(blk, lut, lo, hi);
+                d = _mm512_set1_ps(g_e8m0_table[blk[0]]);
+            } else {
+                q8_decode(blk, lo, hi);
+                d = q8_scale(blk);
+            }
+            const int p = int(b & 1);
+            for (int t = 0; t < NT; ++t) {
+                const float* xb = xs[t] + b * kBlockElems;
+                __m512 s = _mm512_mul_ps(lo, _mm512_loadu_ps(xb));
+                s = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), s);
+                acc[p][t] = _mm512_fmadd_ps(s, d, acc[p][t]);
+            }
+        }
+        for (int t = 0; t < NT; ++t)
+            out[t * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]));
+    }
+}
+
+template <int FMT>
+void gemv_fmt(const uint8_t* w, int64_t rb, int64_t n, int64_t K, const float* const* xs, int nt,
+              float* out, int64_t ldo) {
+    switch (nt) {
+        case 1: return gemv_t<FMT, 1>(w, rb, n, K, xs, out, ldo);
+        case 2: return gemv_t<FMT, 2>(w, rb, n, K, xs, out, ldo);
+        case 3: return gemv_t<FMT, 3>(w, rb, n, K, xs, out, ldo);
+        default: return gemv_t<FMT, 4>(w, rb, n, K, xs, out, ldo);
+    }
+}
+
+void gemv(int fmt, const uint8_t* w, int64_t rb, int64_t n, int64_t K, const float* const* xs, int nt,
+          float* out, int64_t ldo) {
+    if (fmt == kMXFP4) gemv_fmt<kMXFP4>(w, rb, n, K, xs, nt, out, ldo);
+    else gemv_fmt<kQ8_0>(w, rb, n, K, xs, nt, out, ldo);
+}
+
+void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* tile) {
+    const int64_t nb = K / kBlockElems;
+    const __m512 lut = mx_lut();
+    for (int64_t r = 0; r < n_rows; ++r)
+        for (int64_t b = 0; b < nb; ++b) {
+            float* o = tile + r * K + b * kBlockElems;
+            __m512 lo, hi, d;
+            if (fmt == kMXFP4) {
+                const uint8_t* blk = w + r * row_bytes + b * kMxfp4Bytes;
+                mx_decode(blk, lut, lo, hi);
+                d = _mm512_set1_ps(g_e8m0_table[blk[0]]);
+            } else {
+                const uint8_t* blk = w + r * row_bytes + b * kQ8_0Bytes;
+                q8_decode(blk, lo, hi);
+                d = q8_scale(blk);
+            }
+            _mm512_storeu_ps(o, _mm512_mul_ps(lo, d));
+            _mm512_storeu_ps(o + 16, _mm512_mul_ps(hi, d));
+        }
+}
+
+template <int MR, int NR>
+void micro(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K, float* C, int64_t ldc) {
+    __m512 acc[MR][NR];
+    for (int m = 0; m < MR; ++m)
+        for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        // K is a multiple of 8: the last step may be half a vector.
+        const __mmask16 mask = K - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (K - k)) - 1);
+        __m512 b[NR];
+        for (int n = 0; n < NR; ++n) b[n] = _mm512_maskz_loadu_ps(mask, B + n * ldb + k);
+        for (int m = 0; m < MR; ++m) {
+            __m512 a = _mm512_maskz_loadu_ps(mask, A + m * lda + k);
+            for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(a, b[n], acc[m][n]);
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        for (int n = 0; n < NR; ++n) C[m * ldc + n] = _mm512_reduce_add_ps(acc[m][n]);
+}
+
+template <int MR>
+void micro_n(int nr, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K, float* C,
+             int64_t ldc) {
+    switch (nr) {
+        case 4: return micro<MR, 4>(A, lda, B, ldb, K, C, ldc);
+        case 3: return micro<MR, 3>(A, lda, B, ldb, K, C, ldc);
+        case 2: return micro<MR, 2>(A, lda, B, ldb, K, C, ldc);
+        default: return micro<MR, 1>(A, lda, B, ldb, K, C, ldc);
+    }
+}
+
+void gemm(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t N, int64_t K,
+          float* C, int64_t ldc) {
+    for (int64_t n = 0; n < N; n += 4) {
+        const int nr = int(N - n < 4 ? N - n : 4);
+        for (int64_t m = 0; m < M; m += 4) {
+            const int mr = int(M - m < 4 ? M - m : 4);
+            const float *a = A + m * lda, *b = B + n * ldb;
+            float* c = C + m * ldc + n;
+            switch (mr) {
+                case 4: micro_n<4>(nr, a, lda, b, ldb, K, c, ldc); break;
+                case 3: micro_n<3>(nr, a, lda, b, ldb, K, c, ldc); break;
+                case 2: micro_n<2>(nr, a, lda, b, ldb, K, c, ldc); break;
+                default: micro_n<1>(nr, a, lda, b, ldb, K, c, ldc);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+const KernelSet kAvx512Kernels = {"avx512", prep_x, gemv, decode, gemm};
+
+}  // namespace hm
+#pragma GCC pop_options

@@ -1,0 +1,62 @@
+"""ctypes loader for the compiled kernel library (csrc/, built by setup.py as `_hmk*.so`).
+
+Function pointers are bound once with argtypes; hot calls pass plain ints (no ndarray.ctypes).
+The library is plain C++ with a C ABI: no Python or torch headers, so no ABI coupling.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_I32 = ctypes.c_int
+_F = ctypes.c_float
+
+ERR_BAD_ARG, ERR_BAD_EXPERT, ERR_BAD_ISA = -1, -2, -3
+
+_SIGNATURES = {
+    "hm_abi_version": ([], _I32),
+    "hm_isa_supported": ([ctypes.c_char_p], _I32),
+    "hm_set_isa": ([ctypes.c_char_p], _I32),
+    "hm_get_isa": ([], ctypes.c_char_p),
+    "hm_set_num_threads": ([_I32], _I32),
+    "hm_get_num_threads": ([], _I32),
+    "hm_set_gemv_max_tokens": ([_I32], _I32),
+    "hm_get_gemv_max_tokens": ([], _I32),
+    "hm_dequant": ([_I32, _P, _I64, _I64, _I64, _P], _I32),
+    "hm_linear": ([_I32, _P, _I64, _I64, _P, _I64, _I64, _P, _P], _I32),
+    "hm_moe_forward": ([_P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I32, _P, _I64, _P, _I64, _P, _I64,
+                        _P, _P, _P, _F, _F, _P], _I32),
+}
+ABI_VERSION = 1
+
+
+def _find_library() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_hmk*.so")))
+    return found[0] if found else None
+
+
+def load() -> tuple[ctypes.CDLL | None, str]:
+    """Returns (library, "") or (None, reason). HYBRIDMOE_NO_KERNELS=1 disables the library."""
+    if os.environ.get("HYBRIDMOE_NO_KERNELS", "") not in ("", "0"):
+        return None, "disabled by HYBRIDMOE_NO_KERNELS"
+    path = _find_library()
+    if path is None:
+        return None, "compiled library _hmk*.so not found (reinstall with a C++ compiler: pip install -e .)"
+    try:
+        lib = ctypes.CDLL(path)
+        for name, (args, res) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+    except (OSError, AttributeError) as exc:
+        return None, f"cannot load {path}: {exc}"
+    if lib.hm_abi_version() != ABI_VERSION:
+        return None, f"{path} has ABI {lib.hm_abi_version()}, expected {ABI_VERSION} (rebuild it)"
+    return lib, ""
