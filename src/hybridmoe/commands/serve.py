@@ -11,16 +11,12 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("hybridmoe.serve")
-
-DEMO_PATH = Path(__file__).resolve().parent.parent / "data" / "demo.gguf"
-
 
 def _on_off(value: str) -> str:
     v = value.lower()
@@ -77,22 +73,51 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--no-mmap", action="store_true")
     a("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     a("--max-queue", type=int, default=64, help="requests that may wait for a slot before 503")
-    # Test hook: every request's output is these (harmony) tokens; exercises tool calls with a random model.
-    a("--test-forced-output", default=None, help=argparse.SUPPRESS)
+    # Test hook: honour the request field `test_forced_output` (text whose tokens replace the sampled
+    # ones), so harmony reasoning/tool-call paths can be tested through a server with a random model.
+    a("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     _accept_unknown(p)
     return p
 
 
 def _accept_unknown(p: argparse.ArgumentParser) -> None:
-    """Make this subparser keep unknown flags in `args.unknown_flags` instead of failing."""
+    """Make this subparser keep unknown flags in `args.unknown_flags` instead of failing.
+
+    llama-server short flags such as `-ctk q8_0` or `-tb 8` would otherwise be read by argparse
+    as `-c tk` / `-t b`; llama-server never glues values to short flags, so single-dash words that
+    are not ours are set aside (with the value after them) before argparse sees them.
+    """
     parse = p.parse_known_args
+    ours = {s for action in p._actions for s in action.option_strings}
 
     def lenient(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
-        ns, extra = parse(args, namespace)
-        ns.unknown_flags = list(getattr(ns, "unknown_flags", [])) + extra
+        args = list(sys.argv[1:] if args is None else args)
+        kept: list[str] = []
+        unknown: list[str] = []
+        i = 0
+        while i < len(args):
+            word = args[i]
+            if len(word) > 2 and word[0] == "-" and word[1] != "-" and word not in ours and not _is_number(word):
+                unknown.append(word)
+                if i + 1 < len(args) and not args[i + 1].startswith("-"):
+                    unknown.append(args[i + 1])
+                    i += 1
+            else:
+                kept.append(word)
+            i += 1
+        ns, extra = parse(kept, namespace)
+        ns.unknown_flags = list(getattr(ns, "unknown_flags", [])) + unknown + extra
         return ns, []
 
     p.parse_known_args = lenient  # type: ignore[method-assign]
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def _api_keys(args: argparse.Namespace) -> list[str]:
@@ -111,17 +136,9 @@ def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
         if not Path(args.model).is_file():
             raise SystemExit(f"hybridmoe serve: model file not found: {args.model}")
         return args.model, False
-    if DEMO_PATH.is_file():
-        return str(DEMO_PATH), False
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridmoe"
-    out = cache / "synthetic-tiny.gguf"
-    if not out.is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp.gguf")
-        cmd = [sys.executable, "-m", "hybridmoe.cli", "synth", "--preset", "tiny", "--out", str(tmp)]
-        subprocess.run(cmd, check=True)
-        tmp.replace(out)
-    return str(out), True
+    from hybridmoe.engine.llm import DEMO_MODEL, resolve_model_path
+
+    return resolve_model_path(None), not DEMO_MODEL.is_file()
 
 
 def _placement(args: argparse.Namespace) -> dict[str, Any]:
@@ -148,7 +165,7 @@ def _load(args: argparse.Namespace, path: str, state: Any) -> None:
     from hybridmoe.server.serving import SamplingDefaults, Serving, ServingConfig
 
     try:
-        llm = LLM(path, threads=args.threads, ctx_size=args.ctx_size, **_placement(args))
+        llm = LLM(path, threads=args.threads, ctx_size=args.ctx_size, batch_size=args.batch_size, **_placement(args))
         n_parallel = max(1, args.parallel)
         per_slot = llm.ctx_size // n_parallel
         engine = Engine(llm, n_parallel, per_slot, args.max_queue, batch_size=args.batch_size).start()
@@ -160,7 +177,7 @@ def _load(args: argparse.Namespace, path: str, state: Any) -> None:
             chat_template=template,
             chat_template_kwargs=args.chat_template_kwargs or {},
             defaults=SamplingDefaults(args.temp, args.top_k, args.top_p, args.min_p),
-            forced_output=args.test_forced_output,
+            test_hooks=args.test_hooks,
         )
         state.serving = Serving(engine, llm, config)
         log.info("model loaded: %s (%d slots x %d tokens of context)", path, n_parallel, per_slot)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hybridmoe.engine.sampling import Sampler, SamplingParams
+from hybridmoe.engine.sampling import Sampler, SamplingParams, TokenLogprobs
 from hybridmoe.models.gpt_oss import SeqChunk
 from hybridmoe.tokenizer.tokenizer import IncrementalDecoder
 
@@ -49,13 +49,6 @@ class GenerationRequest:
 
 
 @dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # (token id, logprob), best first
-
-
-@dataclass
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -68,7 +61,7 @@ class EngineEvent:
 
     token_id: int | None = None
     text: str = ""  # complete UTF-8 only; held back while it could still start a stop string
-    logprob: TokenLogprob | None = None
+    logprob: TokenLogprobs | None = None
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
     stop_token_id: int | None = None  # the end-of-generation id that ended it (not in the text)
     timings: dict[str, float] | None = None
@@ -243,6 +236,7 @@ class Engine:
         Raises ValueError for an empty or too-long prompt, QueueFullError when `max_queue` requests
         already wait for a slot.
         """
+        request.params.validate()
         n = len(request.prompt_ids)
         if n == 0:
             raise ValueError("the prompt is empty")
@@ -399,7 +393,7 @@ class Engine:
             a.t_first = time.perf_counter()
         a.n_generated += 1
         self.metrics.tokens_predicted_total += 1
-        lp = _logprob(row, token, req.logprobs) if req.logprobs is not None else None
+        lp = Sampler.logprobs(row, token, req.logprobs) if req.logprobs is not None else None
         if token in a.stop_ids:
             self._emit_text(a, token, lp, final=True)
             self._finish(slot, "stop", stop_token_id=token)
@@ -411,7 +405,7 @@ class Engine:
             self._emit_text(a, token, lp, final=True)
             self._finish(slot, "stop")
             return
-        out_of_ctx = slot.cache.length + 1 >= self.ctx_size_per_slot
+        out_of_ctx = slot.cache.length >= self.ctx_size_per_slot  # no room to feed it
         if a.n_generated >= req.params.max_tokens or out_of_ctx:
             a.held += a.decoder.flush()
             self._emit_text(a, token, lp, final=True)
@@ -420,7 +414,7 @@ class Engine:
         self._emit_text(a, token, lp, final=False)
         a.next_token = token
 
-    def _emit_text(self, a: _Active, token: int, lp: TokenLogprob | None, final: bool) -> None:
+    def _emit_text(self, a: _Active, token: int, lp: TokenLogprobs | None, final: bool) -> None:
         n = len(a.held) if final else _safe_prefix_len(a.held, a.req.stop)
         text, a.held = a.held[:n], a.held[n:]
         is_stop_token = token in a.stop_ids
@@ -457,12 +451,3 @@ def _find_stop(text: str, stops: Sequence[str]) -> int | None:
     """Index of the earliest stop string in `text`, or None."""
     hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
     return min(hits) if hits else None
-
-
-def _logprob(row: torch.Tensor, token: int, k: int) -> TokenLogprob:
-    lp = torch.log_softmax(row.float(), dim=-1)
-    top: list[tuple[int, float]] = []
-    if k > 0:
-        vals, ids = torch.topk(lp, min(k, lp.shape[-1]))
-        top = [(int(i), float(v)) for i, v in zip(ids, vals)]
-    return TokenLogprob(token, float(lp[token]), top)

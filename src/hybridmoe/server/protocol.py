@@ -128,6 +128,7 @@ class SamplingFields(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # llama-server extra
+    test_forced_output: str | None = None  # only with `serve --test-hooks`: output these tokens
 
     @field_validator("max_tokens")
     @classmethod

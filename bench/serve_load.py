@@ -1,0 +1,156 @@
+"""Load test for `hybridmoe serve`: N concurrent streaming chat clients, 1 vs 4 streams by default.
+
+Prints aggregate generated tokens/s, request latency p50/p99, time to first token p50 and errors
+per concurrency level. Without --url it starts its own server on 127.0.0.1 (a synthetic tiny
+model unless -m is given) and stops it afterwards.
+
+    python bench/serve_load.py                      # tiny synthetic model, streams 1 and 4
+    python bench/serve_load.py -m model.gguf --streams 1,2,4,8 --requests 16 --max-tokens 64
+    python bench/serve_load.py --url http://127.0.0.1:8080 --api-key KEY
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+
+@dataclass
+class Result:
+    ok: bool
+    latency_s: float
+    ttft_s: float
+    tokens: int
+    error: str = ""
+
+
+def stream_one(url: str, key: str | None, prompt: str, max_tokens: int, timeout_s: float) -> Result:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), headers)
+    t0 = time.perf_counter()
+    ttft, tokens = None, 0
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            for line in r:
+                line = line.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return Result(False, time.perf_counter() - t0, 0.0, 0, chunk["error"]["message"])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                elif ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    ttft = time.perf_counter() - t0
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return Result(False, time.perf_counter() - t0, 0.0, 0, str(e))
+    latency = time.perf_counter() - t0
+    return Result(True, latency, ttft if ttft is not None else latency, tokens)
+
+
+def run_level(url: str, key: str | None, streams: int, n_requests: int, max_tokens: int,
+              timeout_s: float) -> tuple[float, list[Result]]:
+    prompts = [f"Request {i}: write a short story about the number {i}." for i in range(n_requests)]
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(lambda p: stream_one(url, key, p, max_tokens, timeout_s), prompts))
+    return time.perf_counter() - t0, results
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str | None, parallel: int, threads: int | None) -> tuple[subprocess.Popen, str]:
+    if model is None:
+        model = os.path.join(tempfile.mkdtemp(prefix="serve_load_"), "tiny.gguf")
+        subprocess.run([sys.executable, "-m", "hybridmoe.cli", "synth", "--preset", "tiny", "--out", model],
+                       check=True, capture_output=True)
+    port = free_port()
+    cmd = [sys.executable, "-m", "hybridmoe.cli", "serve", "-m", model, "--host", "127.0.0.1",
+           "--port", str(port), "-np", str(parallel)]
+    if threads:
+        cmd += ["-t", str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    proc.terminate()
+    raise SystemExit("server did not become healthy within 180 s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default=None, help="existing server; default: start one")
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("-m", "--model", default=None, help="GGUF for the started server (default: synthetic tiny)")
+    ap.add_argument("--streams", default="1,4", help="comma-separated concurrency levels")
+    ap.add_argument("--requests", type=int, default=8, help="requests per level")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per level; the median throughput is shown")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="server threads (started server only)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.streams.split(",") if x.strip()]
+    proc = None
+    url = args.url
+    if url is None:
+        proc, url = start_server(args.model, max(levels), args.threads)
+    try:
+        stream_one(url, args.api_key, "warm up", 4, args.timeout)
+        print(f"server {url}, {args.requests} requests x {args.max_tokens} tokens per level, "
+              f"median of {args.repeats} runs")
+        print(f"{'streams':>7} {'tok/s':>8} {'p50 lat s':>10} {'p99 lat s':>10} {'p50 ttft s':>11} {'errors':>6}")
+        for n in levels:
+            runs = [run_level(url, args.api_key, n, args.requests, args.max_tokens, args.timeout)
+                    for _ in range(args.repeats)]
+            tps = [sum(r.tokens for r in res if r.ok) / wall for wall, res in runs]
+            lat = [r.latency_s for _, res in runs for r in res if r.ok]
+            ttft = [r.ttft_s for _, res in runs for r in res if r.ok]
+            errors = [r.error for _, res in runs for r in res if not r.ok]
+            print(f"{n:>7} {statistics.median(tps):>8.1f} {pct(lat, 0.5):>10.3f} {pct(lat, 0.99):>10.3f} "
+                  f"{pct(ttft, 0.5):>11.3f} {len(errors):>6}")
+            for e in sorted(set(errors))[:3]:
+                print(f"        error: {e}")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Chat/completions logic: template -> tokenize -> engine -> OpenAI responses (JSON or SSE chunks).
+
+Everything that can be refused is refused before the request reaches the engine, so a streamed
+response never starts for a request that will fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybridmoe import __version__
+from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
+from hybridmoe.engine.sampling import SamplingParams
+from hybridmoe.server.chat_view import ChatView
+from hybridmoe.server.metrics import prometheus_text
+from hybridmoe.server.protocol import (
+    APIError,
+    ApplyTemplateRequest,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    DetokenizeRequest,
+    SamplingFields,
+    TokenizeRequest,
+    Tool,
+    bad_request,
+)
+from hybridmoe.tokenizer.chat_template import ChatTemplateError, render_chat
+
+
+@dataclass
+class SamplingDefaults:
+    """Server-wide defaults (`--temp/--top-k/--top-p/--min-p`; llama-server's values)."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+
+
+@dataclass
+class ServingConfig:
+    model_path: str
+    alias: str | None = None
+    reasoning_format: str = "auto"  # none | auto | deepseek (same as auto for harmony)
+    chat_template: str | None = None  # overrides the GGUF's tokenizer.chat_template
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    test_hooks: bool = False  # honour `test_forced_output` (see GenerationRequest.forced_tokens)
+
+
+def _sse(obj: dict[str, Any] | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class Serving:
+    """Turns validated protocol requests into engine requests and engine events into responses."""
+
+    def __init__(self, engine: Engine, llm: Any, config: ServingConfig) -> None:
+        self.engine = engine
+        self.llm = llm
+        self.config = config
+        self.tokenizer = llm.tokenizer
+        self.template = config.chat_template or llm.file.metadata.get("tokenizer.chat_template")
+        if not self.template:
+            raise ValueError(f"{config.model_path} has no tokenizer.chat_template; pass --chat-template-file")
+        path = Path(config.model_path)
+        self.model_id = config.alias or path.name
+        self._names = {self.model_id, config.model_path, path.name, path.stem}
+        self.created = int(time.time())
+
+    # ---- request preparation ------------------------------------------------------------------
+    def _check_model(self, name: str | None) -> None:
+        if name and name not in self._names:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_id}`",
+                           param="model", code="model_not_found")
+
+    def _render(self, messages: list[ChatMessage], tools: list[Tool] | None, effort: str | None,
+                kwargs: dict[str, Any] | None) -> str:
+        extra = {**self.config.chat_template_kwargs, **(kwargs or {})}
+        if effort is not None:
+            extra["reasoning_effort"] = effort
+        tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+        try:
+            return render_chat(self.template, [m.for_template() for m in messages], tools=tool_dicts,
+                               add_generation_prompt=True, **extra)
+        except ChatTemplateError as e:  # raise_exception in the template, bad roles: the request's fault
+            raise bad_request(f"chat template failed: {e}", param="messages") from None
+
+    def _sampling(self, req: SamplingFields, n_prompt: int, limit: int | None, logprobs_k: int | None) -> SamplingParams:
+        d = self.config.defaults
+        room = self.engine.ctx_size_per_slot - n_prompt
+        params = SamplingParams(
+            temperature=d.temperature if req.temperature is None else req.temperature,
+            top_k=d.top_k if req.top_k is None else req.top_k,
+            top_p=d.top_p if req.top_p is None else req.top_p,
+            min_p=d.min_p if req.min_p is None else req.min_p,
+            seed=req.seed,
+            max_tokens=min(limit, room) if limit is not None else room,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs_k or 0,
+        )
+        try:
+            params.validate()
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        return params
+
+    def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None,
+                logprobs_k: int | None) -> RequestHandle:
+        n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
+        if n == 0:
+            raise bad_request("the prompt is empty", param="prompt")
+        if n >= ctx:
+            raise bad_request(f"the request has {n} prompt tokens, more than the context of a slot "
+                              f"({ctx} tokens)", param="messages", code="context_length_exceeded")
+        gen = GenerationRequest(
+            prompt_ids=prompt_ids,
+            params=self._sampling(req, n, limit, logprobs_k),
+            stop=req.stop_list(),
+            logprobs=logprobs_k,
+            forced_tokens=self._forced(req),
+        )
+        try:
+            return self.engine.submit(gen, loop=asyncio.get_running_loop())
+        except QueueFullError as e:
+            raise APIError(503, str(e), type="unavailable_error", code="server_busy") from None
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+
+    def _forced(self, req: SamplingFields) -> list[int] | None:
+        if req.test_forced_output is None:
+            return None
+        if not self.config.test_hooks:
+            raise bad_request("test_forced_output needs a server started with --test-hooks",
+                              param="test_forced_output")
+        return self.tokenizer.encode(req.test_forced_output, allow_special=True)
+
+    def _usage(self, ev: EngineEvent) -> dict[str, Any]:
+        u = ev.usage
+        return {
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        }
+
+    def _logprob_entry(self, lp: Any) -> dict[str, Any]:
+        def one(tid: int, val: float) -> dict[str, Any]:
+            b = self.tokenizer.token_bytes(tid)
+            return {"token": b.decode("utf-8", errors="replace"), "logprob": val, "bytes": list(b)}
+
+        return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+
+    # ---- chat ---------------------------------------------------------------------------------
+    async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
+        self._check_model(req.model)
+        tools = None if req.tool_choice == "none" else req.tools
+        prompt = self._render(req.messages, tools, req.reasoning_effort, req.chat_template_kwargs)
+        ids = self.tokenizer.encode(prompt, allow_special=True)
+        k = (req.top_logprobs or 0) if req.logprobs else None
+        handle = self._submit(ids, req, req.token_limit(), k)
+        view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none")
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
+                "system_fingerprint": f"hybridmoe-{__version__}"}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return self._chat_stream(handle, view, head, include_usage)
+        return await self._chat_full(handle, view, head)
+
+    async def _chat_full(self, handle: RequestHandle, view: ChatView, head: dict[str, Any]) -> dict[str, Any]:
+        logprobs: list[dict[str, Any]] = []
+        try:
+            async for ev in handle:
+                view.push(ev)
+                if ev.logprob is not None:
+                    logprobs.append(self._logprob_entry(ev.logprob))
+                if ev.finish_reason is not None:
+                    last = ev
+        finally:
+            handle.cancel()  # no-op when finished; frees the slot if this handler was cancelled
+        if last.finish_reason == "error":
+            raise APIError(500, f"generation failed: {last.error}", type="server_error")
+        message = {"role": "assistant", **view.message()}
+        return {
+            **head,
+            "object": "chat.completion",
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": {"content": logprobs} if handle.request.logprobs is not None else None,
+                "finish_reason": view.finish_reason(last.finish_reason),
+            }],
+            "usage": self._usage(last),
+            "timings": last.timings,
+        }
+
+    async def _chat_stream(self, handle: RequestHandle, view: ChatView, head: dict[str, Any],
+                           include_usage: bool) -> AsyncIterator[str]:
+        def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+            return {**head, "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
+        try:
+            yield _sse(chunk({"role": "assistant", "content": None}))
+            async for ev in handle:
+                lp = {"content": [self._logprob_entry(ev.logprob)]} if ev.logprob is not None else None
+                deltas = view.push(ev)
+                for i, d in enumerate(deltas):
+                    yield _sse(chunk(d, logprobs=lp if i == 0 else None))
+                if lp is not None and not deltas:
+                    yield _sse(chunk({}, logprobs=lp))
+                if ev.finish_reason is None:
+                    continue
+                if ev.finish_reason == "error":
+                    yield _sse(APIError(500, f"generation failed: {ev.error}", type="server_error").body())
+                else:
+                    final = chunk({}, view.finish_reason(ev.finish_reason))
+                    final["timings"] = ev.timings
+                    yield _sse(final)
+                    if include_usage:
+                        yield _sse({**head, "object": "chat.completion.chunk", "choices": [],
+                                    "usage": self._usage(ev)})
+                yield _sse("[DONE]")
+        finally:
+            handle.cancel()  # client gone mid-stream: the engine frees the slot at its next step
+
+    # ---- legacy completions ---------------------------------------------------------------------
+    async def completion(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
+        self._check_model(req.model)
+        if isinstance(req.prompt, str) or isinstance(req.prompt[0], str):
+            text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+            ids = self.tokenizer.encode(text, allow_special=True)
+        else:
+            ids = self._check_ids(req.prompt, "prompt")
+        handle = self._submit(ids, req, req.max_tokens, req.logprobs)
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
+                "system_fingerprint": f"hybridmoe-{__version__}"}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return self._completion_stream(handle, head, include_usage)
+        return await self._completion_full(handle, head)
+
+    def _legacy_logprobs(self, lps: list[Any]) -> dict[str, Any]:
+        piece = self.tokenizer.token_text
+        return {
+            "tokens": [piece(lp.token) for lp in lps],
+            "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [{piece(t): v for t, v in lp.top} for lp in lps],
+        }
+
+    async def _completion_full(self, handle: RequestHandle, head: dict[str, Any]) -> dict[str, Any]:
+        text, lps = [], []
+        try:
+            async for ev in handle:
+                text.append(ev.text)
+                if ev.logprob is not None:
+                    lps.append(ev.logprob)
+                last = ev
+        finally:
+            handle.cancel()
+        if last.finish_reason == "error":
+            raise APIError(500, f"generation failed: {last.error}", type="server_error")
+        return {
+            **head,
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": "".join(text), "finish_reason": last.finish_reason,
+                         "logprobs": self._legacy_logprobs(lps) if handle.request.logprobs is not None else None}],
+            "usage": self._usage(last),
+            "timings": last.timings,
+        }
+
+    async def _completion_stream(self, handle: RequestHandle, head: dict[str, Any],
+                                 include_usage: bool) -> AsyncIterator[str]:
+        try:
+            async for ev in handle:
+                if ev.finish_reason == "error":
+                    yield _sse(APIError(500, f"generation failed: {ev.error}", type="server_error").body())
+                    break
+                lp = self._legacy_logprobs([ev.logprob]) if ev.logprob is not None else None
+                if ev.text or lp or ev.finish_reason:
+                    c = {**head, "object": "text_completion",
+                         "choices": [{"index": 0, "text": ev.text, "logprobs": lp, "finish_reason": ev.finish_reason}]}
+                    if ev.finish_reason:
+                        c["timings"] = ev.timings
+                    yield _sse(c)
+                if ev.finish_reason and include_usage:
+                    yield _sse({**head, "object": "text_completion", "choices": [], "usage": self._usage(ev)})
+            yield _sse("[DONE]")
+        finally:
+            handle.cancel()
+
+    # ---- small endpoints ----------------------------------------------------------------------
+    def _check_ids(self, ids: list[int], param: str) -> list[int]:
+        n = self.tokenizer.vocab_size
+        bad = [i for i in ids if not 0 <= i < n]
+        if bad:
+            raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {n})", param=param)
+        return list(ids)
+
+    def tokenize(self, req: TokenizeRequest) -> dict[str, Any]:
+        ids = self.tokenizer.encode(req.content, allow_special=req.parse_special)
+        bos = self.tokenizer.bos_id
+        if req.add_special and bos is not None and self.tokenizer.token_id("<|start|>") is None:
+            ids = [bos, *ids]  # harmony prompts never start with BOS
+        if req.with_pieces:
+            return {"tokens": [{"id": i, "piece": self.tokenizer.token_text(i)} for i in ids]}
+        return {"tokens": ids}
+
+    def detokenize(self, req: DetokenizeRequest) -> dict[str, Any]:
+        return {"content": self.tokenizer.decode(self._check_ids(req.tokens, "tokens"))}
+
+    def apply_template(self, req: ApplyTemplateRequest) -> dict[str, Any]:
+        return {"prompt": self._render(req.messages, req.tools, req.reasoning_effort, req.chat_template_kwargs)}
+
+    def models(self) -> dict[str, Any]:
+        cfg = self.llm.config
+        path = Path(self.config.model_path)
+        meta = {
+            "n_vocab": cfg.vocab_size,
+            "n_ctx_train": cfg.context_length,
+            "n_embd": cfg.hidden,
+            "n_params": getattr(self.llm, "n_params", None),
+            "size": path.stat().st_size if path.exists() else None,
+        }
+        return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": self.created,
+                                            "owned_by": "hybridmoe", "meta": meta}]}
+
+    def props(self) -> dict[str, Any]:
+        d = self.config.defaults
+        return {
+            "default_generation_settings": {
+                "n_ctx": self.engine.ctx_size_per_slot,
+                "params": {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
+                           "n_predict": -1, "reasoning_format": self.config.reasoning_format},
+            },
+            "total_slots": self.engine.n_parallel,
+            "model_alias": self.model_id,
+            "model_path": self.config.model_path,
+            "chat_template": self.template,
+            "chat_template_caps": {"supports_tools": True, "supports_system_role": True},
+            "modalities": {"vision": False, "audio": False},
+            "build_info": f"hybridmoe {__version__}",
+        }
+
+    def slots(self) -> list[dict[str, Any]]:
+        out = []
+        for s in self.engine.status()["slots"]:
+            s["params"] = {"chat_format": "GPT-OSS", "reasoning_format": self.config.reasoning_format}
+            out.append(s)
+        return out
+
+    def metrics_text(self) -> str:
+        return prometheus_text(self.engine)

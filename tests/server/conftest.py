@@ -1,0 +1,130 @@
+"""Server test fixtures: one tiny synthetic model per session and real `hybridmoe serve` processes.
+
+Servers listen on 127.0.0.1 at a free port; every wait is bounded; processes are stopped by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+API_KEY = "test-key"
+STARTUP_TIMEOUT_S = 90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    base_url: str  # http://127.0.0.1:PORT
+    api_key: str | None
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def request(self, method: str, path: str, body: object | bytes | None = None,
+                headers: dict[str, str] | None = None, key: str | None = "default") -> tuple[int, dict | str]:
+        """Plain HTTP (no client library): returns (status, parsed JSON or text)."""
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        key = self.api_key if key == "default" else key
+        if key:
+            hdrs["Authorization"] = f"Bearer {key}"
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=hdrs)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                status, raw = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read().decode()
+        try:
+            return status, json.loads(raw)
+        except json.JSONDecodeError:
+            return status, raw
+
+
+def start_server(model: str, args: list[str], log_path: Path, api_key: str | None) -> ServerProcess:
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "hybridmoe.cli", "serve", "-m", model, *args, "--port", str(port)]
+    if "--host" not in args:
+        cmd += ["--host", "127.0.0.1"]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    srv = ServerProcess(proc, f"http://127.0.0.1:{port}", api_key, log_path)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{srv.log()}")
+        try:
+            status, _ = srv.request("GET", "/health", key=None)
+            if status == 200:
+                return srv
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    stop_server(srv)
+    raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{srv.log()}")
+
+
+def stop_server(srv: ServerProcess) -> None:
+    srv.proc.terminate()
+    try:
+        srv.proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        srv.proc.kill()
+        srv.proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="session")
+def served_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random gpt-oss GGUF written by the `hybridmoe synth` command itself."""
+    out = tmp_path_factory.mktemp("served") / "tiny-served.gguf"
+    subprocess.run([sys.executable, "-m", "hybridmoe.cli", "synth", "--preset", "tiny", "--out", str(out)],
+                   check=True, capture_output=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Main server: API key, metrics, 4 slots of 512 tokens, small batches (exercises chunked prefill)."""
+    log_path = tmp_path_factory.mktemp("logs") / "server.log"
+    args = ["--api-key", API_KEY, "--metrics", "-np", "4", "-c", "2048", "-b", "64", "-a", "tiny-test",
+            "--max-queue", "16", "-t", "1"]
+    srv = start_server(served_model, args, log_path, API_KEY)
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def llama_line_server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The llama-server command line users run, on loopback, plus the forced-output test hook."""
+    log_path = tmp_path_factory.mktemp("logs") / "llama_line.log"
+    args = ["--n-cpu-moe", "36", "--n-gpu-layers", "999", "-c", "0", "-fa", "--jinja", "--reasoning-format",
+            "none", "--api-key", "dummy", "--test-hooks", "-t", "1"]
+    srv = start_server(served_model, args, log_path, "dummy")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture
+def client(server: ServerProcess):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)

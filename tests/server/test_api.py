@@ -1,0 +1,216 @@
+"""The OpenAI surface through the real `openai` client against a real `hybridmoe serve` process."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import http.client
+import json
+import time
+
+import openai
+import pytest
+
+from .conftest import API_KEY
+
+MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
+
+
+def test_health_and_models(server, client):
+    status, body = server.request("GET", "/health", key=None)  # open without the key
+    assert (status, body) == (200, {"status": "ok"})
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny-test"]
+    status, body = server.request("GET", "/v1/models")
+    meta = body["data"][0]["meta"]
+    assert meta["n_vocab"] == 1024 and meta["n_ctx_train"] == 4096 and meta["size"] > 0
+
+
+def test_chat_non_stream_equals_llm_generate(server, client, served_model):
+    from hybridmoe import LLM
+
+    r = client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=10, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens >= 1
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    timings = r.model_extra["timings"]
+    assert timings["predicted_n"] == r.usage.completion_tokens and timings["prompt_n"] >= 1
+
+    status, tpl = server.request("POST", "/apply-template", {"messages": MSGS})
+    assert status == 200 and tpl["prompt"].endswith("<|start|>assistant")
+    llm = LLM(served_model, threads=1, ctx_size=512)
+    ids = llm.tokenize(tpl["prompt"])
+    assert r.usage.prompt_tokens == len(ids)
+    ref = llm.generate(ids, max_tokens=10, temperature=0.0)
+    # Default --reasoning-format auto: a random model emits no harmony markup, so it is all content.
+    assert (choice.message.content or "") + (choice.message.model_extra.get("reasoning_content") or "") \
+        == ref.text or choice.message.content == ref.text
+
+
+def test_chat_stream_matches_non_stream(client):
+    kw = dict(model="tiny-test", messages=MSGS, max_tokens=12, temperature=0)
+    full = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == (full.choices[0].message.content or "")
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [full.choices[0].finish_reason]
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert chunks[0].choices[0].delta.role == "assistant"
+
+
+def test_sampling_params_seed_and_logprobs(client):
+    kw = dict(model="tiny-test", messages=MSGS, max_tokens=8, temperature=1.0, top_p=0.9, top_k=50, seed=7,
+              extra_body={"min_p": 0.01})
+    a = client.chat.completions.create(**kw)
+    b = client.chat.completions.create(**kw)
+    assert a.choices[0].message.content == b.choices[0].message.content  # same seed, same text
+    r = client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=4, temperature=0,
+                                       logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) >= 1
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    assert content[0].top_logprobs[0].logprob == pytest.approx(content[0].logprob)  # greedy = top-1
+
+
+def test_stop_sequence(client):
+    base = client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=16, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    text = base.choices[0].message.content
+    assert len(text) > 4
+    stop = text[2:4]
+    r = client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=16, temperature=0,
+                                       stop=[stop], extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == text[: text.index(stop)]
+
+
+def test_legacy_completions(client):
+    r = client.completions.create(model="tiny-test", prompt="Once upon a time", max_tokens=5, temperature=0,
+                                  logprobs=1, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+    assert len(r.choices[0].logprobs.token_logprobs) == 5
+    streamed = client.completions.create(model="tiny-test", prompt="Once upon a time", max_tokens=5,
+                                         temperature=0, stream=True, extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == r.choices[0].text
+
+
+def test_tokenize_detokenize_round_trip(server):
+    text = "Hello, wörld! 你好 🙂 <|start|>"
+    status, tok = server.request("POST", "/tokenize", {"content": text})
+    assert status == 200 and all(isinstance(i, int) for i in tok["tokens"])
+    status, detok = server.request("POST", "/detokenize", {"tokens": tok["tokens"]})
+    assert status == 200 and detok["content"] == text
+    status, pieces = server.request("POST", "/tokenize", {"content": "hi there", "with_pieces": True})
+    assert "".join(p["piece"] for p in pieces["tokens"]) == "hi there"
+
+
+def test_props_slots_metrics(server, client):
+    client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=2, temperature=0)
+    status, props = server.request("GET", "/props")
+    assert status == 200 and props["total_slots"] == 4 and "<|start|>" in props["chat_template"]
+    assert props["default_generation_settings"]["n_ctx"] == 512
+    status, slots = server.request("GET", "/slots")
+    assert status == 200 and [s["id"] for s in slots] == [0, 1, 2, 3]
+    status, text = server.request("GET", "/metrics")
+    assert status == 200
+    values = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln and not ln.startswith("#")}
+    assert values["llamacpp:prompt_tokens_total"] > 0 and values["llamacpp:tokens_predicted_total"] > 0
+    assert values["llamacpp:n_decode_total"] > 0
+
+
+def test_eight_concurrent_streams_equal_alone(client):
+    msgs = [[{"role": "user", "content": f"Tell story number {i}" + " please" * i}] for i in range(8)]
+    kw = dict(model="tiny-test", max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    alone = [client.chat.completions.create(messages=m, **kw).choices[0].message.content for m in msgs]
+
+    def stream(m: list) -> str:
+        return "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(messages=m, stream=True, **kw) if c.choices)
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(stream, msgs, timeout=120))
+    assert together == alone
+
+
+BAD_BODIES = [
+    ("malformed json", b'{"model": "tiny-test", "messages": [', 400),
+    ("wrong type", {"model": "tiny-test", "messages": "hello"}, 400),
+    ("wrong field type", {"model": "tiny-test", "messages": MSGS, "max_tokens": "lots"}, 400),
+    ("missing messages", {"model": "tiny-test"}, 400),
+    ("empty messages", {"model": "tiny-test", "messages": []}, 400),
+    ("bad role", {"model": "tiny-test", "messages": [{"role": "wizard", "content": "x"}]}, 400),
+    ("max_tokens 0", {"model": "tiny-test", "messages": MSGS, "max_tokens": 0}, 400),
+    ("max_tokens negative", {"model": "tiny-test", "messages": MSGS, "max_tokens": -5}, 400),
+    ("n > 1", {"model": "tiny-test", "messages": MSGS, "n": 2}, 400),
+    ("temperature out of range", {"model": "tiny-test", "messages": MSGS, "temperature": 9}, 400),
+    ("unknown model", {"model": "gpt-9000", "messages": MSGS}, 404),
+    ("prompt too long", {"model": "tiny-test", "messages": [{"role": "user", "content": "word " * 700}]}, 400),
+    ("forced output without hooks", {"model": "tiny-test", "messages": MSGS, "test_forced_output": "x"}, 400),
+    ("image content", {"model": "tiny-test", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400),
+]
+
+
+@pytest.mark.parametrize("name,body,status", BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_bad_input_gets_openai_error_and_server_survives(server, client, name, body, status):
+    got, err = server.request("POST", "/v1/chat/completions", body)
+    assert got == status, err
+    assert set(err["error"]) == {"message", "type", "param", "code"} and err["error"]["message"]
+    ok = client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=1)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_bad_input_through_openai_client(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="nope", messages=MSGS)
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny-test", messages=MSGS, n=3)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny-test", prompt=[5, 99999], max_tokens=2)
+    # The file name is accepted as a model name too (llama-server clients often send it).
+    r = client.chat.completions.create(model="tiny-served.gguf", messages=MSGS, max_tokens=1)
+    assert r.model == "tiny-test"
+
+
+def test_api_key_required(server):
+    from openai import OpenAI
+
+    for key in ("wrong", None):
+        bad = OpenAI(base_url=server.base_url + "/v1", api_key=key or "", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        status, body = server.request("POST", "/v1/chat/completions", {"messages": MSGS}, key=key)
+        assert status == 401 and body["error"]["type"] == "authentication_error"
+    assert server.request("GET", "/health", key=None)[0] == 200
+    assert server.request("GET", "/v1/models", key=API_KEY)[0] == 200
+
+
+def _busy_slots(server) -> int:
+    return sum(s["is_processing"] for s in server.request("GET", "/slots")[1])
+
+
+def test_client_disconnect_frees_slot(server):
+    host, port = server.base_url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "tiny-test", "messages": MSGS, "max_tokens": 400, "stream": True,
+                       "ignore_eos": True})
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/v1/chat/completions", body,
+                 {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.fp.readline()  # the first SSE line: generation is under way
+    deadline = time.monotonic() + 20
+    while _busy_slots(server) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _busy_slots(server) == 1
+    conn.sock.close()  # vanish mid-stream
+    conn.close()
+    deadline = time.monotonic() + 20
+    while _busy_slots(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _busy_slots(server) == 0
+    status, metrics = server.request("GET", "/metrics")
+    predicted = [ln for ln in metrics.splitlines() if ln.startswith("llamacpp:tokens_predicted_total")]
+    assert predicted  # the server still answers

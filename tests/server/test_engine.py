@@ -1,0 +1,142 @@
+"""Engine (in process, tiny random model): batching must not change greedy output; prefix reuse,
+stop strings, cancellation, the bounded queue and logprobs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hybridmoe.engine.engine import Engine, GenerationRequest, QueueFullError
+from hybridmoe.engine.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(served_model: str):
+    from hybridmoe import LLM
+
+    return LLM(served_model, threads=1, ctx_size=1024)
+
+
+@pytest.fixture
+def engine(llm):
+    eng = Engine(llm, n_parallel=3, ctx_size_per_slot=256, max_queue=4, batch_size=5).start()
+    yield eng
+    eng.close()
+
+
+def greedy(n: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, **kw)
+
+
+def tokens_of(events) -> list[int]:
+    return [e.token_id for e in events if e.token_id is not None]
+
+
+def prompts(llm, n: int) -> list[list[int]]:
+    return [llm.tokenize(f"Request {i}: " + "words " * (3 * i + 1)) for i in range(n)]
+
+
+def test_batched_greedy_equals_generate_alone(llm, engine):
+    ps = prompts(llm, 5)  # 5 requests on 3 slots: queueing, chunked prefill (batch 5), mixed steps
+    alone = [llm.generate(p, max_tokens=12, temperature=0.0) for p in ps]
+    handles = [engine.submit(GenerationRequest(p, greedy(12))) for p in ps]
+    for h, ref in zip(handles, alone):
+        events = list(h)
+        assert tokens_of(events) == ref.token_ids
+        assert "".join(e.text for e in events) == ref.text
+        last = events[-1]
+        assert last.finish_reason == ref.finish_reason
+        assert last.usage.prompt_tokens == len(h.request.prompt_ids)
+        assert set(last.timings) >= {"prompt_n", "prompt_ms", "prompt_per_second",
+                                     "predicted_n", "predicted_ms", "predicted_per_second"}
+    assert engine.metrics.n_decode_total > 0
+    assert engine.metrics.n_busy_slots_total > engine.metrics.n_decode_total  # slots shared steps
+
+
+def test_prefix_reuse_keeps_output(llm, engine):
+    base = llm.tokenize("A shared system prompt that is fairly long, " * 3)
+    first = list(engine.submit(GenerationRequest(base + llm.tokenize(" one"), greedy(6))))
+    follow = base + llm.tokenize(" two")
+    events = list(engine.submit(GenerationRequest(follow, greedy(6))))
+    assert events[-1].usage.cached_tokens >= len(base) - 1
+    assert events[-1].timings["prompt_n"] == len(follow) - events[-1].usage.cached_tokens
+    assert tokens_of(events) == llm.generate(follow, max_tokens=6, temperature=0.0).token_ids
+    assert first[-1].finish_reason in ("stop", "length")
+
+
+def test_stop_string_cuts_text(llm, engine):
+    p = prompts(llm, 1)[0]
+    ref = llm.generate(p, max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert len(ref.text) > 6, "the random model should produce some text"
+    stop = ref.text[3:5]
+    events = list(engine.submit(GenerationRequest(p, greedy(12, ignore_eos=True), stop=[stop])))
+    text = "".join(e.text for e in events)
+    assert events[-1].finish_reason == "stop"
+    assert text == ref.text[: ref.text.index(stop)]
+
+
+def test_cancel_frees_slot(llm, engine):
+    h = engine.submit(GenerationRequest(prompts(llm, 1)[0], greedy(200, ignore_eos=True)))
+    it = iter(h)
+    next(it)  # generating
+    h.cancel()
+    rest = list(it)
+    assert rest[-1].finish_reason == "cancelled"
+    assert rest[-1].usage.completion_tokens < 200
+    assert not any(s["is_processing"] for s in engine.status()["slots"])
+
+
+def test_queue_full_is_refused(llm):
+    eng = Engine(llm, n_parallel=1, ctx_size_per_slot=256, max_queue=1, batch_size=64)  # not started
+    p = prompts(llm, 1)[0]
+    eng.submit(GenerationRequest(p, greedy(4)))  # takes the (free) slot
+    eng.submit(GenerationRequest(p, greedy(4)))  # waits
+    with pytest.raises(QueueFullError, match="busy"):
+        eng.submit(GenerationRequest(p, greedy(4)))
+    assert eng.metrics.requests_rejected_total == 1
+    eng.start()
+    eng.close()
+
+
+def test_bad_requests_raise(engine):
+    with pytest.raises(ValueError, match="empty"):
+        engine.submit(GenerationRequest([], greedy(4)))
+    with pytest.raises(ValueError, match="context"):
+        engine.submit(GenerationRequest([1] * 256, greedy(4)))
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.submit(GenerationRequest([1, 2], greedy(0)))
+
+
+def test_logprobs_and_forced_tokens(llm, engine):
+    p = prompts(llm, 1)[0]
+    forced = llm.tokenize("forced text")
+    events = list(engine.submit(GenerationRequest(p, greedy(len(forced) + 2, ignore_eos=True),
+                                                  logprobs=3, forced_tokens=forced)))
+    toks = tokens_of(events)
+    assert toks[: len(forced)] == forced
+    lps = [e.logprob for e in events if e.logprob is not None]
+    assert len(lps) == len(toks)
+    for lp in lps:
+        assert len(lp.top) == 3 and lp.logprob <= 0.0
+        assert lp.top[0][1] >= lp.top[-1][1]
+    # Greedy tokens after the forced ones are the argmax, i.e. the top-1 logprob.
+    assert lps[-1].top[0][0] == toks[-1]
+
+
+def test_length_limit_and_concurrent_submitters(llm, engine):
+    ps = prompts(llm, 6)
+    results: dict[int, list] = {}
+
+    def run(i: int) -> None:
+        results[i] = list(engine.submit(GenerationRequest(ps[i], greedy(3, ignore_eos=True))))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(results) == [0, 1, 2, 3]
+    for events in results.values():
+        assert events[-1].finish_reason == "length"
+        assert events[-1].usage.completion_tokens == 3

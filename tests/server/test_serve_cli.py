@@ -1,0 +1,74 @@
+"""`hybridmoe serve` flag parsing: llama-server's names, unknown flags tolerated, placement pass-through."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from hybridmoe.commands import serve
+
+LLAMA_LINE = ("-m model.gguf --n-cpu-moe 36 --n-gpu-layers 999 -c 0 -fa --jinja --reasoning-format none "
+              "--host 0.0.0.0 --port 8502 --api-key dummy").split()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    serve.add_parser(sub)
+    return parser.parse_args(["serve", *argv])
+
+
+def test_llama_server_command_line():
+    args = parse(LLAMA_LINE)
+    assert (args.model, args.host, args.port, args.ctx_size) == ("model.gguf", "0.0.0.0", 8502, 0)
+    assert args.flash_attn == "on" and args.jinja and args.reasoning_format == "none"
+    assert serve._api_keys(args) == ["dummy"]
+    assert serve._placement(args) == {"n_gpu_layers": 999, "n_cpu_moe": 36}
+    assert args.unknown_flags == []
+
+
+def test_defaults_match_llama_server():
+    args = parse([])
+    assert (args.host, args.port) == ("127.0.0.1", 8080)
+    assert (args.temp, args.top_k, args.top_p, args.min_p) == (0.8, 40, 0.95, 0.05)
+    assert args.reasoning_format == "auto" and args.flash_attn == "auto" and not args.metrics
+    assert serve._placement(args) == {}
+
+
+def test_unknown_llama_flags_are_kept_not_fatal():
+    args = parse(["--ctx-checkpoints", "32", "--swa-full", "-fa", "off", "--cont-batching", "--temp", "1.0"])
+    assert args.unknown_flags == ["--ctx-checkpoints", "32", "--swa-full", "--cont-batching"]
+    assert args.flash_attn == "off" and args.temp == 1.0
+
+
+def test_unknown_short_flags_do_not_split_into_ours():
+    # argparse alone would read `-ctk q8_0` as `-c tk` and `-tb 8` as `-t b`.
+    args = parse(["-ctk", "q8_0", "-tb", "8", "-cb", "-c", "4096", "-t", "2", "-kvu"])
+    assert (args.ctx_size, args.threads) == (4096, 2)
+    assert args.unknown_flags == ["-ctk", "q8_0", "-tb", "8", "-cb", "-kvu"]
+
+
+def test_repeatable_flags_and_placement():
+    args = parse(["--api-key", "a,b", "--api-key", "c", "-ot", r"blk\.1\.ffn_.*_exps=CPU,blk\.2\..*=CUDA0",
+                  "-ot", "exps=CPU", "--cpu-moe", "-a", "my-model", "--chat-template-kwargs",
+                  '{"reasoning_effort": "high"}'])
+    assert serve._api_keys(args) == ["a", "b", "c"]
+    assert serve._placement(args) == {
+        "cpu_moe": True,
+        "override_tensor": [r"blk\.1\.ffn_.*_exps=CPU", r"blk\.2\..*=CUDA0", "exps=CPU"],
+    }
+    assert args.alias == "my-model" and args.chat_template_kwargs == {"reasoning_effort": "high"}
+
+
+@pytest.mark.parametrize("argv", [["--chat-template-kwargs", "[1]"], ["--chat-template-kwargs", "{bad"],
+                                  ["--reasoning-format", "maybe"], ["-fa", "sometimes"], ["--port", "x"]])
+def test_bad_values_are_rejected(argv):
+    with pytest.raises(SystemExit):
+        parse(argv)
+
+
+def test_missing_model_file_is_a_clear_error(tmp_path):
+    args = parse(["-m", str(tmp_path / "absent.gguf")])
+    with pytest.raises(SystemExit, match="model file not found"):
+        serve._model_path(args)
