@@ -241,6 +241,27 @@ def test_absurd_counts_and_lengths(tmp_path):
             "unknown metadata value type 99")
 
 
+def test_corrupt_counts_in_huge_sparse_file_fail_fast(tmp_path):
+    """A 64 GB sparse file passes the file-size checks; limits must still stop corrupt counts."""
+    def sparse(name, head):
+        p = tmp_path / name
+        with open(p, "wb") as f:
+            f.write(head)
+            f.truncate(64 << 30)
+        return p
+
+    for name, head, words in [
+        ("kv.gguf", _header(10**9, 0), ("duplicate metadata key",)),
+        ("tn.gguf", _header(0, 10**8), ("absurd tensor count",)),
+        ("arr.gguf", _header(1, 0) + _str(b"k") + struct.pack("<IIQ", 9, 8, 10**9),
+         ("absurd array length",)),
+        ("tdup.gguf", _header(0, 1000), ("duplicate tensor name",)),
+    ]:
+        with pytest.raises(GGUFError) as e:
+            open_model(sparse(name, head))
+        assert all(w in str(e.value) for w in words), str(e.value)
+
+
 def test_random_corruption_never_crashes(tmp_path):
     """Flipped header bytes either still parse or raise GGUFError; nothing else escapes."""
     rng = np.random.default_rng(4)

@@ -36,6 +36,11 @@ _U64 = struct.Struct("<Q")
 _STRUCT_CHARS = {"u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i", "f4": "f",
                  "u8": "Q", "i8": "q", "f8": "d"}
 _SCALAR_STRUCTS = {t: struct.Struct("<" + _STRUCT_CHARS[dt[1:]]) for t, dt in VALUE_DTYPES.items()}
+# Sanity limits for corrupt headers in huge (possibly sparse) files, far above real models
+# (gpt-oss: 446k merges, 687 tensors); checked before the matching allocations.
+MAX_ARRAY_ITEMS = 1 << 24
+MAX_TENSORS = 1 << 20
+_FAST_WINDOW_MAX = 1 << 26  # bytes scanned by the numpy string-offset search
 _SPLIT_RE = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -111,6 +116,8 @@ class _Cursor:
             _SCALAR_STRUCTS[etype].size
         if count * min_item > self.size - self.pos:
             raise self.fail(f"{what}: array of {count} {etype.name} exceeds the file size ({self.size})")
+        if count > MAX_ARRAY_ITEMS:
+            raise self.fail(f"{what}: absurd array length {count} (limit {MAX_ARRAY_ITEMS})")
         if etype == GGUFValueType.STRING:
             return self.string_array(count, what)
         if etype == GGUFValueType.ARRAY:
@@ -184,7 +191,8 @@ def _string_starts_fast(buf: memoryview, pos0: int, count: int, size: int
     """
     if count == 0:
         return None
-    window = min(size - pos0, count * 32)
+    limit = min(size - pos0, _FAST_WINDOW_MAX)
+    window = min(limit, count * 32)
     while True:
         r = np.frombuffer(buf, dtype=np.uint8, count=window, offset=pos0)
         cand = np.flatnonzero((r[:-1] == 0) & (r[1:] != 0)) + 1
@@ -201,9 +209,9 @@ def _string_starts_fast(buf: memoryview, pos0: int, count: int, size: int
             end = int(nxt[-1]) - 8
             if end <= window:
                 return c + pos0, pos0 + end
-        if window >= size - pos0:
+        if window >= limit:
             return None
-        window = min(size - pos0, window * 2)
+        window = min(limit, window * 2)
 
 
 def _value_type(cur: _Cursor, vtype: int, what: str) -> GGUFValueType:
@@ -247,7 +255,7 @@ class GGUFFile:
         # smallest KV: key len(8)+1 byte+type(4)+1 byte value; smallest tensor info: 8+1+4+4+8
         if n_kv * 14 > self.size:
             raise cur.fail(f"absurd metadata count {n_kv} for a {self.size}-byte file")
-        if n_tensors * 25 > self.size:
+        if n_tensors * 25 > self.size or n_tensors > MAX_TENSORS:
             raise cur.fail(f"absurd tensor count {n_tensors} for a {self.size}-byte file")
         self.metadata: dict[str, Any] = {}
         self.value_types: dict[str, GGUFValueType] = {}
@@ -259,7 +267,12 @@ class GGUFFile:
             self.metadata[key] = cur.value(vtype, f"metadata {key!r}")
             self.value_types[key] = GGUFValueType(vtype)
         self.alignment = self._alignment(cur)
-        raw_infos = [self._tensor_info(cur, i) for i in range(n_tensors)]
+        raw_infos, names = [], set()
+        for i in range(n_tensors):
+            raw_infos.append(self._tensor_info(cur, i))
+            if raw_infos[-1][0] in names:  # checked here so corrupt counts stop early
+                raise cur.fail(f"duplicate tensor name {raw_infos[-1][0]!r}")
+            names.add(raw_infos[-1][0])
         self.data_offset = -(-cur.pos // self.alignment) * self.alignment
         self.tensors: dict[str, TensorInfo] = {}
         for name, ne, gtype, rel in raw_infos:
@@ -283,8 +296,6 @@ class GGUFFile:
 
     def _finish_info(self, cur: _Cursor, name: str, ne: tuple[int, ...], gtype: int,
                      rel: int) -> TensorInfo:
-        if name in self.tensors:
-            raise cur.fail(f"duplicate tensor name {name!r}")
         try:
             t = GGMLType(gtype)
         except ValueError:
