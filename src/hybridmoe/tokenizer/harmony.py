@@ -1,0 +1,293 @@
+"""Token-level streaming parser for harmony (gpt-oss) model output.
+
+Generation starts right after the prompt's `<|start|>assistant`, so output usually begins inside a
+header: `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...<|return|>`.
+
+    state PENDING  (between messages; role known at the very start, unknown after <|start|>)
+      <|start|>            -> HEADER (role read from the header text)
+      <|channel|>/<|constrain|>/<|message|> -> HEADER (role assistant); pending " to=..." text joins it
+      text                 -> kept while it could still be a header (" to=functions.x"), else the
+                              output has no harmony structure: a plain message (content)
+    state HEADER   collect tokens until <|message|>, then parse -> CONTENT   (a stop token recovers)
+    state CONTENT  text -> deltas (complete UTF-8 only); <|end|>/<|return|>/<|call|> end the message;
+                   <|start|>/<|channel|> also end it (model skipped <|end|>)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .tokenizer import IncrementalDecoder, Tokenizer
+
+END_TOKENS = ("<|end|>", "<|return|>", "<|call|>")
+_CONTENT_TYPES = {"json", "text", "code", "markdown"}
+_CHANNEL_RE = re.compile(r"<\|channel\|>\s*([^\s<]*)")
+
+
+@dataclass(frozen=True)
+class Header:
+    role: str | None = None  # assistant, or a tool name for tool output; None for plain text
+    channel: str | None = None  # analysis | commentary | final | None
+    recipient: str | None = None  # functions.NAME, browser.search, python, ...
+    content_type: str | None = None  # json (from "<|constrain|>json" or " json")
+
+    @property
+    def target(self) -> Literal["reasoning", "content", "tool_call"]:
+        """Where an OpenAI chat response puts this message's text."""
+        if self.recipient and self.recipient.startswith("functions."):
+            return "tool_call"
+        if self.recipient or self.channel == "analysis":
+            return "reasoning"  # analysis, and built-in tool calls (browser.*, python)
+        return "content"  # final, commentary preamble, or unstructured text
+
+    @property
+    def tool_name(self) -> str | None:
+        return self.recipient[len("functions.") :] if self.target == "tool_call" else None
+
+
+@dataclass(frozen=True)
+class Event:
+    """kind "start": header parsed; "delta": content text; "end": message finished.
+    end_token is the token that ended the message ("<|end|>", "<|return|>", "<|call|>") or None
+    when it was cut off (another header began, or the output finished)."""
+
+    kind: Literal["start", "delta", "end"]
+    header: Header
+    text: str = ""
+    end_token: str | None = None
+
+    @property
+    def channel(self) -> str | None:
+        return self.header.channel
+
+    @property
+    def recipient(self) -> str | None:
+        return self.header.recipient
+
+    @property
+    def content_type(self) -> str | None:
+        return self.header.content_type
+
+    @property
+    def target(self) -> str:
+        return self.header.target
+
+
+def parse_header(text: str, role: str | None) -> Header:
+    """Parse a header string (specials spelled out), e.g. `assistant<|channel|>commentary
+    to=functions.f <|constrain|>json`. `role` is the already known role, or None to read it."""
+    channel = None
+    m = _CHANNEL_RE.search(text)
+    if m:
+        channel = m.group(1) or None
+        text = text[: m.start()] + " " + text[m.end() :]
+    text = text.replace("<|constrain|>", " <|constrain|>")
+    parts = text.split()
+    if role is None and parts and not parts[0].startswith(("to=", "<|")):
+        role = parts.pop(0)
+    elif parts and parts[0] == role:
+        parts.pop(0)
+    recipient = content_type = None
+    for part in parts:
+        if part.startswith("to="):
+            recipient = part[3:] or None
+        elif part.startswith("<|constrain|>"):
+            content_type = part[len("<|constrain|>") :] or None
+        elif recipient is None and part not in _CONTENT_TYPES:
+            recipient = part  # bare recipient, as in "<|channel|>commentary functions.f json"
+        else:
+            content_type = part
+    return Header(role=role or "assistant", channel=channel, recipient=recipient, content_type=content_type)
+
+
+class HarmonyParser:
+    """Push generated token ids one at a time; get Events back. Call finish() at the end."""
+
+    def __init__(self, tok: Tokenizer, role: str = "assistant") -> None:
+        self._tok = tok
+        ids = {name: tok.token_id(name) for name in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", *END_TOKENS)}
+        self._start_id = ids["<|start|>"]
+        self._channel_id = ids["<|channel|>"]
+        self._message_id = ids["<|message|>"]
+        self._header_openers = {i for i in (ids["<|channel|>"], ids["<|constrain|>"]) if i is not None}
+        self._end_names = {ids[n]: n for n in END_TOKENS if ids[n] is not None}
+        self._state: Literal["pending", "header", "content"] = "pending"
+        self._role: str | None = role
+        self._pending: list[int] = []
+        self._header_ids: list[int] = []
+        self._header = Header()
+        self._decoder = IncrementalDecoder(tok)
+        self._seen_message = False
+
+    # ---- public -------------------------------------------------------------------------------
+    def push(self, token_id: int) -> list[Event]:
+        if self._state == "content":
+            return self._push_content(token_id)
+        if self._state == "header":
+            return self._push_header(token_id)
+        return self._push_pending(token_id)
+
+    def feed(self, ids: Iterable[int]) -> list[Event]:
+        out: list[Event] = []
+        for i in ids:
+            out += self.push(i)
+        return out
+
+    def finish(self) -> list[Event]:
+        """End of output: close an open message (end_token None) and emit held-back text."""
+        out: list[Event] = []
+        if self._state == "content":
+            out = self._close(None)
+        elif self._state == "pending":
+            out = self._flush_pending_as_text(drop_blank=True)
+        # A partial header produces no text: header tokens never reach the user.
+        self._state, self._pending, self._header_ids, self._role = "pending", [], [], "assistant"
+        return out
+
+    # ---- states -------------------------------------------------------------------------------
+    def _push_pending(self, t: int) -> list[Event]:
+        out: list[Event] = []
+        if t == self._start_id:
+            out += self._flush_pending_as_text(drop_blank=True)
+            self._begin_header([], role=None)
+        elif t in self._header_openers or t == self._message_id:
+            prefix = self._pending if self._pending_is_header_prefix() else []
+            if not prefix:
+                out += self._flush_pending_as_text(drop_blank=True)
+            self._pending = []
+            self._begin_header(prefix, role=self._role or "assistant")
+            out += self._push_header(t)
+        elif t in self._end_names:
+            if self._pending:
+                out += self._flush_pending_as_text(drop_blank=False, end=self._end_names[t])
+        else:
+            self._pending.append(t)
+            if not self._pending_is_header_prefix():
+                out += self._open(Header()) + self._feed_text(self._pending)
+                self._pending = []
+        return out
+
+    def _push_header(self, t: int) -> list[Event]:
+        if t == self._message_id:
+            return self._open(self._parse_header())
+        if t == self._start_id:
+            self._begin_header([], role=None)  # restarted header: drop the partial one
+            return []
+        if t in self._end_names:
+            return self._open(self._parse_header()) + self._close(self._end_names[t])
+        self._header_ids.append(t)
+        return []
+
+    def _push_content(self, t: int) -> list[Event]:
+        if t in self._end_names:
+            return self._close(self._end_names[t])
+        if t == self._start_id:
+            out = self._close(None)
+            self._begin_header([], role=None)
+            return out
+        if t == self._channel_id:
+            out = self._close(None)
+            self._begin_header([t], role="assistant")
+            return out
+        return self._feed_text([t])
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _pending_is_header_prefix(self) -> bool:
+        """Could the pending text still be the start of a header like " to=functions.f"?"""
+        s = self._tok.decode(self._pending).lstrip()
+        return s.startswith("to=") or "to=".startswith(s)
+
+    def _flush_pending_as_text(self, drop_blank: bool, end: str | None = None) -> list[Event]:
+        ids, self._pending = self._pending, []
+        if not ids or (drop_blank and not self._tok.decode(ids).strip() and self._seen_message):
+            return []
+        return self._open(Header()) + self._feed_text(ids) + self._close(end)
+
+    def _begin_header(self, ids: list[int], role: str | None) -> None:
+        self._state, self._header_ids, self._role = "header", list(ids), role
+
+    def _parse_header(self) -> Header:
+        return parse_header(self._tok.decode(self._header_ids), self._role)
+
+    def _open(self, header: Header) -> list[Event]:
+        self._state, self._header, self._seen_message = "content", header, True
+        self._decoder = IncrementalDecoder(self._tok)
+        return [Event("start", header)]
+
+    def _feed_text(self, ids: Iterable[int]) -> list[Event]:
+        text = "".join(self._decoder.push(i) for i in ids)
+        return [Event("delta", self._header, text)] if text else []
+
+    def _close(self, end_token: str | None) -> list[Event]:
+        out: list[Event] = []
+        rest = self._decoder.flush()
+        if rest:
+            out.append(Event("delta", self._header, rest))
+        out.append(Event("end", self._header, end_token=end_token))
+        self._state, self._role = "pending", None
+        return out
+
+
+# ---- non-streaming ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments_json: str
+
+
+@dataclass(frozen=True)
+class Message:
+    header: Header
+    text: str
+    end_token: str | None
+
+
+@dataclass
+class ParsedOutput:
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+
+    @property
+    def last_end_token(self) -> str | None:
+        return self.messages[-1].end_token if self.messages else None
+
+
+def collect(events: Iterable[Event]) -> ParsedOutput:
+    """Fold parser events into the OpenAI-style split (same rules the streaming deltas follow)."""
+    out = ParsedOutput()
+    text: list[str] = []
+    for ev in events:
+        if ev.kind == "start":
+            text = []
+        elif ev.kind == "delta":
+            text.append(ev.text)
+            if ev.target == "reasoning":
+                out.reasoning += ev.text
+            elif ev.target == "content":
+                out.content += ev.text
+        else:
+            body = "".join(text)
+            out.messages.append(Message(ev.header, body, ev.end_token))
+            if ev.target == "tool_call":
+                out.tool_calls.append(ToolCall(ev.header.tool_name or "", body))
+    return out
+
+
+def parse_completion(tok: Tokenizer, ids: Iterable[int]) -> ParsedOutput:
+    """Parse a whole generated sequence (stop token included or not)."""
+    parser = HarmonyParser(tok)
+    return collect(parser.feed(ids) + parser.finish())
+
+
+def render_reasoning_none(tok: Tokenizer, ids: Iterable[int]) -> str:
+    """The raw text llama-server returns with `--reasoning-format none`: markup included, the
+    final stop token (<|return|>/<|call|>/eos) left out."""
+    ids = list(ids)
+    if ids and ids[-1] in tok.eog_ids:
+        ids = ids[:-1]
+    return tok.decode(ids)
