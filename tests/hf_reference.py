@@ -66,6 +66,6 @@ def build_pair(
             if name.endswith(("proj.weight", "embed_tokens.weight", "lm_head.weight")) and "experts" not in name:
                 state[name] = roundtrip(state[name], dense_type)
     model.load_state_dict(state)
-    meta = gpt_oss_metadata(cfg, make_vocab(vocab, seed, "small"), name="hf-random")
+    meta = gpt_oss_metadata(cfg, make_vocab(vocab, seed, "tiny"), name="hf-random")
     write_gguf(path, meta, hf_to_gguf_tensors(state, layers, dense_type=dense_type))
     return model

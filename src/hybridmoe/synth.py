@@ -162,7 +162,7 @@ def synth_metadata(p: Preset, seed: int) -> dict:
         f"{ARCH}.rope.scaling.factor": 32.0,
         f"{ARCH}.rope.scaling.original_context_length": 4096,
     }
-    meta.update(make_vocab(p.vocab, seed, "gpt-oss" if p.vocab == 201088 else "small"))
+    meta.update(make_vocab(p.vocab, seed, "20b" if p.vocab == 201088 else "tiny"))
     return meta
 
 
