@@ -13,6 +13,7 @@ import random
 from importlib import resources
 from typing import Any
 
+import numpy as np
 from tokenizers import Regex, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -158,13 +159,23 @@ def _filler_merges(
     pool = letters + [BYTE_TO_CHAR[ord(" ")]] + [a + b for a, b in merges]
     known = set(byte_tokens) | {a + b for a, b in merges}
     out: list[tuple[str, str]] = []
+    # Random draws come from numpy in batches (Python's random is the bottleneck at 200k merges).
+    np_rng = np.random.default_rng(rng.getrandbits(64))
     while len(out) < count:
-        a = pool[min(int(rng.expovariate(1 / 400)), len(pool) - 1)]
-        b = letters[rng.randrange(len(letters))] if rng.random() < 0.7 else rng.choice(pool)
-        new = a + b
-        if new in known or len(new) > 24:
-            continue
-        known.add(new)
-        pool.append(new)
-        out.append((a, b))
+        batch = 2 * (count - len(out)) + 64
+        first = np.minimum(np_rng.exponential(400.0, batch).astype(np.int64), len(pool) - 1).tolist()
+        take_letter = (np_rng.random(batch) < 0.7).tolist()
+        letter_idx = np_rng.integers(0, len(letters), batch).tolist()
+        pool_idx = np_rng.integers(0, len(pool), batch).tolist()
+        for k in range(batch):
+            a = pool[first[k]]
+            b = letters[letter_idx[k]] if take_letter[k] else pool[pool_idx[k]]
+            new = a + b
+            if new in known or len(new) > 24:
+                continue
+            known.add(new)
+            pool.append(new)
+            out.append((a, b))
+            if len(out) == count:
+                break
     return out
