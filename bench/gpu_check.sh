@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One-shot GPU check (one CUDA GPU, no network): build the kernels, write a 20b-shaped synthetic
+# model, compare GPU logits with CPU logits, then print pp512 / tg128 tokens/s and peak VRAM for
+# --cpu-moe, --n-cpu-moe 12 and all-on-GPU. Target: under 8 minutes on one H200 + 16 cores.
+# Without CUDA it skips the GPU rows (saying so) and smoke-tests itself on the tiny preset.
+#
+#   bench/gpu_check.sh [--preset 20b] [--ctx 4096] [--json]      (PYTHON=... to pick the interpreter)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+if ! "$PY" -c "import torch, numpy" 2>/dev/null; then
+    echo "gpu_check: $PY lacks torch/numpy; point PYTHON at an environment that has them" >&2
+    exit 2
+fi
+
+# Build: compile csrc/ into the package (offline: no dependency resolution, no build isolation).
+echo "[gpu_check] building with $PY"
+if ! "$PY" -m pip install -q -e . --no-deps --no-build-isolation; then
+    echo "[gpu_check] pip install failed; building the extension in place" >&2
+    "$PY" setup.py -q build_ext --inplace
+fi
+"$PY" -c "from hybridmoe import kernels; print('[gpu_check] kernels:', kernels.isa())"
+
+# CPU threads: all cores unless the caller pinned OMP_NUM_THREADS (shared dev machines do).
+THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+export OMP_NUM_THREADS="$THREADS"
+exec timeout 470 "$PY" bench/gpu_check.py --threads "$THREADS" "$@"
