@@ -13,6 +13,7 @@ from gguf.quants import quantize as gguf_quantize
 from hybridmoe.gguf.constants import GGMLType as T
 from hybridmoe.quant.formats import dequantize, mxfp4_from_hf, quantize
 from hybridmoe.quant.torch_dequant import dequantize_torch
+from hybridmoe.quant.torch_dequant import mxfp4_from_hf as mxfp4_from_hf_torch
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.MXFP4]
 ROW_BYTES = {T.F32: 4 * 64, T.F16: 2 * 64, T.BF16: 2 * 64, T.Q8_0: 2 * 34, T.MXFP4: 2 * 17}
@@ -186,6 +187,8 @@ def test_mxfp4_from_hf_matches_hf_decoding():
     assert np.array_equal(g.reshape(4, 6, 3, 17)[..., 0], scales)
     want = _hf_decode(blocks, scales)
     assert np.array_equal(dequantize(g, T.MXFP4), want.astype(np.float32))
+    gt = mxfp4_from_hf_torch(torch.from_numpy(blocks), torch.from_numpy(scales))
+    assert gt.dtype == torch.uint8 and np.array_equal(gt.numpy(), g)
 
 
 # ---- errors ------------------------------------------------------------------------------------
@@ -208,3 +211,5 @@ def test_errors_are_clear():
         dequantize_torch(torch.zeros(34), T.Q8_0)
     with pytest.raises(ValueError, match="must be scales"):
         mxfp4_from_hf(np.zeros((2, 16), np.uint8), np.zeros(3, np.uint8))
+    with pytest.raises(ValueError, match="must be scales"):
+        mxfp4_from_hf_torch(torch.zeros(2, 16, dtype=torch.uint8), torch.zeros(3, dtype=torch.uint8))

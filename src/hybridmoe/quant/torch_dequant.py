@@ -54,3 +54,21 @@ def dequantize_torch(raw: torch.Tensor, t: GGMLType | int) -> torch.Tensor:
     lut = _LUT2.to(raw.device)
     w = torch.cat([lut[qs & 0x0F], lut[qs >> 4]], dim=-1)  # [..., nb, 32]
     return (w * d).reshape(lead + (-1,))
+
+
+def mxfp4_from_hf(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """torch twin of quant.formats.mxfp4_from_hf (HF/OpenAI MXFP4 -> ggml 17-byte blocks).
+
+    blocks uint8 [..., nb, 16] (byte k = element 2k low | 2k+1 high), scales uint8 [..., nb]
+    -> uint8 [..., nb*17] with qs[j] = element j low | element j+16 high, scale byte first.
+    """
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise ValueError(f"mxfp4_from_hf: blocks/scales must be uint8, got {blocks.dtype}/"
+                         f"{scales.dtype}")
+    if tuple(blocks.shape[-1:]) != (16,) or tuple(blocks.shape[:-1]) != tuple(scales.shape):
+        raise ValueError(f"mxfp4_from_hf: blocks {tuple(blocks.shape)} must be scales "
+                         f"{tuple(scales.shape)} + (16,)")
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).reshape(*blocks.shape[:-1], 32)
+    qs = codes[..., :16] | (codes[..., 16:] << 4)
+    out = torch.cat([scales.unsqueeze(-1), qs], dim=-1)  # [..., nb, 17]
+    return out.reshape(*scales.shape[:-1], -1)
