@@ -227,6 +227,24 @@ def test_generated_tool_call_refeeds_verbatim():
     assert ids.count(tok.token_id("<|call|>")) == 1
 
 
+@pytest.mark.slow  # importing transformers takes several seconds
+def test_harmony_template_same_under_transformers_renderer():
+    utils = pytest.importorskip("transformers.utils.chat_template_utils")
+    msgs = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Weather in SF?"},
+        {"role": "assistant", "reasoning": "Need weather.", "tool_calls": [{"id": "1", "type": "function", "function": {"name": "get_current_weather", "arguments": {"location": "SF"}}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "20 C"},
+    ]
+    ours = harmony(msgs, tools=WEATHER_TOOLS, reasoning_effort="low")
+    rendered, _ = utils.render_jinja_template(
+        conversations=[msgs], tools=WEATHER_TOOLS, chat_template=harmony_template(), add_generation_prompt=True,
+        current_date=DATE, reasoning_effort="low",
+    )
+    assert rendered[0] == ours
+    assert "<|channel|>analysis<|message|>Need weather.<|end|>" in ours
+
+
 # ---------- renderer ----------
 def test_tojson_matches_hf_arguments():
     tpl = "{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ x | tojson(ensure_ascii=True) }}|{{ x | tojson(separators=(',', ':'), sort_keys=True) }}"

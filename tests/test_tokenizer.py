@@ -186,6 +186,20 @@ def test_whole_piece_in_vocab_wins_over_merges():
     assert tok.eog_ids == set()
 
 
+@pytest.mark.slow  # importing transformers takes several seconds
+def test_matches_transformers_gguf_tokenizer(small_meta, small):
+    # transformers builds its own tokenizer from the same GGUF keys: an independent construction
+    mapping = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
+    fields = {"tokens": "tokens", "token_type": "token_type", "merges": "merges"}
+    d = {name: small_meta[f"tokenizer.ggml.{key}"] for key, name in fields.items()}
+    d.update(tokenizer_type="gpt2", pre_tokenizer_type="gpt-4o")
+    hf, _ = mapping.convert_gguf_tokenizer("gpt-oss", d)
+    rng = random.Random(11)
+    for _ in range(100):
+        text = random_text(rng, 20)
+        assert small.encode(text) == hf.encode(text, add_special_tokens=False).ids, text
+
+
 # ---------- specials ----------
 def test_specials_at_gpt_oss_ids(big):
     assert big.vocab_size == GPT_OSS_VOCAB
