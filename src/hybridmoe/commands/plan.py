@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("-np", "--parallel", type=int, default=1, help="slots (concurrent sequences)")
     a("-ub", "--ubatch-size", type=int, default=512, help="tokens per forward step")
     a("--kv-bytes", type=float, default=2.0, help="bytes per cached K/V value (2 = f16)")
-    a("--upload-slots", type=int, default=2,
+    a("--upload-slots", type=int, default=1,
       help="GPU buffers of one layer's CPU experts for prompt batches (0 = none)")
     a("--gpu-device", default="cuda:0", help="the GPU device (cuda:N, CUDA0, or cpu for CPU-only)")
     a("--vram-budget", type=float, default=None, help="GiB the plan may use on the GPU")

@@ -76,8 +76,7 @@ class ComputeEstimate:
         the output head.
     expert_upload: GPU staging for prompt batches whose experts live on the CPU: `upload_slots`
         buffers, each the largest CPU-resident layer's expert bytes (a 512-token batch routes to
-        almost every expert: 1 - (1 - k/E)^512 ~ 100 %), so the next layer's upload can overlap
-        this layer's compute.
+        almost every expert: 1 - (1 - k/E)^512 ~ 100 %).
     """
 
     activations: int = 0

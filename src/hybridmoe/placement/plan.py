@@ -65,7 +65,9 @@ class PlacementOptions:
         `fit`, the device's free memory minus VRAM_MARGIN_BYTES.
     fit (--fit): choose the number of expert layers on the GPU (replaces cpu_moe/n_cpu_moe).
     upload_slots: GPU buffers, each one CPU-resident layer's experts, for computing prompt
-        batches on the GPU (0 = prompt batches run their CPU experts on the CPU).
+        batches on the GPU (0 = prompt batches run their CPU experts on the CPU). One buffer is
+        llama.cpp's footprint (experts stream in and are computed as they land); two let the
+        next layer's upload overlap this layer's compute, for one more layer of VRAM.
     """
 
     n_gpu_layers: int | None = None
@@ -79,7 +81,7 @@ class PlacementOptions:
     kv_dtype_bytes: float = 2
     vram_budget: float | None = None
     fit: bool = False
-    upload_slots: int = 2
+    upload_slots: int = 1
 
     def validate(self) -> None:
         checks = [
