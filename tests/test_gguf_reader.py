@@ -71,6 +71,8 @@ def test_reads_gguf_py_file_like_gguf_py(tmp_path):
             else:
                 assert got == want, key
             assert int(m.value_types[key]) == int(field.types[0])
+            if len(field.types) > 1:
+                assert int(m.array_types[key]) == int(field.types[1])
         assert isinstance(m.metadata["t.u64"], int) and isinstance(m.metadata["t.f32"], float)
         assert m.metadata["t.bool"] is True
         assert len(m.tensors) == len(ref.tensors)
@@ -88,6 +90,20 @@ def test_reads_gguf_py_file_like_gguf_py(tmp_path):
         for name, a in raws.items():
             assert np.array_equal(m.raw(name), a)
             assert m.array(name) is not None and m.array(name).dtype == np.uint8
+
+
+def test_typed_metadata_rewrites_with_the_same_types(tmp_path):
+    src = tmp_path / "ref.gguf"
+    _write_with_gguf_py(src, np.random.default_rng(11))
+    m = open_model(src)
+    dst = tmp_path / "copy.gguf"
+    write_gguf(dst, m.typed_metadata(), [])
+    a, b = gguf.GGUFReader(str(src)).fields, gguf.GGUFReader(str(dst)).fields
+    for key, field in a.items():
+        if key.startswith("GGUF."):
+            continue
+        assert [int(t) for t in b[key].types] == [int(t) for t in field.types], key
+        assert b[key].contents() == field.contents(), key
 
 
 def test_views_are_zero_copy_and_read_only(tmp_path):
@@ -374,6 +390,7 @@ def test_inspect_command_prints_summary_without_torch(tmp_path):
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     out = r.stdout
+    assert "STRING[]" in out and "INT32[]" in out
     assert "[1000 strings]" in out and "[1, 2, 3]" in out and "(5000 chars)" in out
     assert "blk.0.ffn_up_exps.weight" in out and "[64, 4, 2]" in out and "272" in out
     assert "MXFP4" in out and "total" in out

@@ -59,7 +59,9 @@ def print_model(m: ModelFile, tensors: bool = True, out=sys.stdout) -> None:
     width = max((len(k) for k in m.metadata), default=0)
     for k, v in m.metadata.items():
         vt = m.value_types[k].name
-        print(f"  {k:<{width}}  {vt:<7}  {format_value(v)}", file=out)
+        if k in m.array_types:
+            vt = f"{m.array_types[k].name}[]"
+        print(f"  {k:<{width}}  {vt:<9}  {format_value(v)}", file=out)
     if not tensors:
         return
     print("\ntensors:", file=out)

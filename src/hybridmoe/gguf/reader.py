@@ -111,6 +111,7 @@ class _Cursor:
 
     def array(self, what: str) -> list:
         etype = _value_type(self, self.u32(f"element type of {what}"), f"elements of {what}")
+        self.last_elem_type = etype
         count = self.u64(f"element count of {what}")
         min_item = 8 if etype in (GGUFValueType.STRING, GGUFValueType.ARRAY) else \
             _SCALAR_STRUCTS[etype].size
@@ -259,6 +260,7 @@ class GGUFFile:
             raise cur.fail(f"absurd tensor count {n_tensors} for a {self.size}-byte file")
         self.metadata: dict[str, Any] = {}
         self.value_types: dict[str, GGUFValueType] = {}
+        self.array_types: dict[str, GGUFValueType] = {}  # element type of each ARRAY value
         for i in range(n_kv):
             key = cur.string(f"key of metadata entry {i}")
             vtype = cur.u32(f"type of metadata {key!r}")
@@ -266,6 +268,8 @@ class GGUFFile:
                 raise cur.fail(f"duplicate metadata key {key!r}")
             self.metadata[key] = cur.value(vtype, f"metadata {key!r}")
             self.value_types[key] = GGUFValueType(vtype)
+            if vtype == GGUFValueType.ARRAY:
+                self.array_types[key] = cur.last_elem_type
         self.alignment = self._alignment(cur)
         raw_infos, names = [], set()
         for i in range(n_tensors):
@@ -344,6 +348,7 @@ class ModelFile:
         self.path = files[0].path
         self.metadata: dict[str, Any] = files[0].metadata
         self.value_types: dict[str, GGUFValueType] = files[0].value_types
+        self.array_types: dict[str, GGUFValueType] = files[0].array_types
         self.tensors: dict[str, TensorInfo] = {}
         for f in files:
             for name, info in f.tensors.items():
@@ -385,6 +390,12 @@ class ModelFile:
                 raise GGUFError(f"{self.path}: tensor {name!r}: type {info.ggml_type.name} not "
                                 f"supported here (expected {', '.join(t.name for t in allowed)})")
         return info
+
+    def typed_metadata(self) -> dict[str, Any]:
+        """Metadata as `(value, type)` tuples (element type for arrays), the form write_gguf takes,
+        so a rewritten file keeps the exact value types."""
+        return {k: (v, self.array_types.get(k, self.value_types[k]))
+                for k, v in self.metadata.items()}
 
     def __contains__(self, name: object) -> bool:
         return name in self.tensors
