@@ -294,8 +294,14 @@ def test_missing_key_and_bad_ids(small_meta, small):
         small.decode([small.vocab_size])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         small.token_text(-1)
+    with pytest.raises(ValueError, match="must be an integer"):
+        small.decode([1.5])
     with pytest.raises(TypeError):
         small.encode(b"bytes")  # type: ignore[arg-type]
+    import numpy as np
+
+    ids = small.encode("numpy ids")
+    assert small.decode(np.array(ids, dtype=np.int64)) == "numpy ids"
 
 
 # ---------- synthetic vocabularies ----------

@@ -7,6 +7,7 @@ that streaming decode can work on raw bytes and hold back incomplete UTF-8.
 from __future__ import annotations
 
 import codecs
+import operator
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -252,12 +253,17 @@ class Tokenizer:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:
-        self._check_id(token_id)
-        return self._token_bytes[token_id]
+        return self._token_bytes[self._check_id(token_id)]
 
-    def _check_id(self, token_id: int) -> None:
-        if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < len(self._tokens):
+    def _check_id(self, token_id: int) -> int:
+        """The id as a Python int (numpy/torch integers accepted); ValueError if out of range."""
+        try:
+            i = operator.index(token_id)
+        except TypeError:
+            raise ValueError(f"token id must be an integer, got {type(token_id).__name__}") from None
+        if isinstance(token_id, bool) or not 0 <= i < len(self._tokens):
             raise ValueError(f"token id {token_id!r} is outside the vocabulary [0, {len(self._tokens)})")
+        return i
 
     # ---- encode / decode ----------------------------------------------------------------------
     def encode(self, text: str, allow_special: bool = True) -> list[int]:
@@ -272,8 +278,7 @@ class Tokenizer:
     def decode_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
         parts = []
         for i in ids:
-            i = int(i)
-            self._check_id(i)
+            i = self._check_id(i)
             if skip_special and i in self._control_ids:
                 continue
             parts.append(self._token_bytes[i])
