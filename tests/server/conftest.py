@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-API_KEY = "test-key"
+API_KEY = "dummy"
 STARTUP_TIMEOUT_S = 90
 
 
@@ -101,26 +101,30 @@ def served_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
+# The command line llama-server users run (README of issue 4), with --host 127.0.0.1 for tests.
+LLAMA_LINE = ["--n-cpu-moe", "36", "--n-gpu-layers", "999", "-c", "0", "-fa", "--jinja",
+              "--reasoning-format", "none", "--host", "127.0.0.1", "--api-key", API_KEY]
+
+
 @pytest.fixture(scope="session")
 def server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """Main server: API key, metrics, 4 slots of 512 tokens, small batches (exercises chunked prefill)."""
+    """One server per session (startup dominates test time): the llama-server line plus metrics,
+    an alias, small prompt batches (chunked prefill), a bounded queue and the forced-output hook.
+    Tiny model: context 4096 split over 4 slots = 1024 tokens each."""
     log_path = tmp_path_factory.mktemp("logs") / "server.log"
-    args = ["--api-key", API_KEY, "--metrics", "-np", "4", "-c", "2048", "-b", "64", "-a", "tiny-test",
-            "--max-queue", "16", "-t", "1"]
-    srv = start_server(served_model, args, log_path, API_KEY)
+    extra = ["--metrics", "-np", "4", "-b", "64", "-a", "tiny-test", "--max-queue", "16", "-t", "1",
+             "--test-hooks"]
+    srv = start_server(served_model, LLAMA_LINE + extra, log_path, API_KEY)
     yield srv
     stop_server(srv)
 
 
 @pytest.fixture(scope="session")
-def llama_line_server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The llama-server command line users run, on loopback, plus the forced-output test hook."""
-    log_path = tmp_path_factory.mktemp("logs") / "llama_line.log"
-    args = ["--n-cpu-moe", "36", "--n-gpu-layers", "999", "-c", "0", "-fa", "--jinja", "--reasoning-format",
-            "none", "--api-key", "dummy", "--test-hooks", "-t", "1"]
-    srv = start_server(served_model, args, log_path, "dummy")
-    yield srv
-    stop_server(srv)
+def served_llm(served_model: str):
+    """The same file through the Python API, for reference outputs."""
+    from hybridmoe import LLM
+
+    return LLM(served_model, threads=1, ctx_size=1024)
 
 
 @pytest.fixture

@@ -11,11 +11,9 @@ from hybridmoe.engine.engine import Engine, GenerationRequest, QueueFullError
 from hybridmoe.engine.sampling import SamplingParams
 
 
-@pytest.fixture(scope="module")
-def llm(served_model: str):
-    from hybridmoe import LLM
-
-    return LLM(served_model, threads=1, ctx_size=1024)
+@pytest.fixture
+def llm(served_llm):
+    return served_llm
 
 
 @pytest.fixture

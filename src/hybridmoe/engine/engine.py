@@ -107,7 +107,7 @@ class RequestHandle:
                 return
 
 
-def _safe_prefix_len(text: str, stops: Sequence[str]) -> int:
+def safe_prefix_len(text: str, stops: Sequence[str]) -> int:
     """Length of `text` that cannot be the start of a stop string (the rest is held back)."""
     keep = len(text)
     for s in stops:
@@ -399,7 +399,7 @@ class Engine:
             self._finish(slot, "stop", stop_token_id=token)
             return
         a.held += a.decoder.push(token)
-        hit = _find_stop(a.held, req.stop)
+        hit = find_stop(a.held, req.stop)
         if hit is not None:
             a.held = a.held[:hit]
             self._emit_text(a, token, lp, final=True)
@@ -415,7 +415,7 @@ class Engine:
         a.next_token = token
 
     def _emit_text(self, a: _Active, token: int, lp: TokenLogprobs | None, final: bool) -> None:
-        n = len(a.held) if final else _safe_prefix_len(a.held, a.req.stop)
+        n = len(a.held) if final else safe_prefix_len(a.held, a.req.stop)
         text, a.held = a.held[:n], a.held[n:]
         is_stop_token = token in a.stop_ids
         if text or not is_stop_token:
@@ -447,7 +447,7 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def _find_stop(text: str, stops: Sequence[str]) -> int | None:
+def find_stop(text: str, stops: Sequence[str]) -> int | None:
     """Index of the earliest stop string in `text`, or None."""
     hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
     return min(hits) if hits else None

@@ -3,36 +3,35 @@
 `none`: the raw generated text (harmony markup included) is the content.
 `auto`/`deepseek`: generated tokens go through the harmony parser; the analysis channel becomes
 `reasoning_content`, final/commentary-without-recipient becomes `content`, and messages addressed
-to `functions.NAME` become `tool_calls` (name first, then argument fragments).
+to `functions.NAME` become `tool_calls` (name first, then argument fragments). Output with no
+harmony structure (an untrained model) is plain content.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from hybridmoe.engine.engine import EngineEvent
-from hybridmoe.tokenizer.harmony import HarmonyParser
-
-TOOL_PREFIX = "functions."
+from hybridmoe.engine.engine import EngineEvent, find_stop, safe_prefix_len
+from hybridmoe.tokenizer.harmony import Event, HarmonyParser
 
 
 class ChatView:
     """Accumulates one response; `push` returns the deltas to stream for one engine event."""
 
-    def __init__(self, tokenizer: Any, raw: bool) -> None:
+    def __init__(self, tokenizer: Any, raw: bool, stop: Sequence[str] = ()) -> None:
         self.raw = raw
         self._parser = None if raw else HarmonyParser(tokenizer)
-        self._raw_text: list[str] = []
+        # The engine cuts stop strings from its raw text; parsed channels need the same cut.
+        self._stop = list(stop)
+        self._held = {"content": "", "reasoning_content": ""}
+        self._stopped = False
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._tools: list[dict[str, Any]] = []
-        self._tool_msg: object = None  # identity of the message the last tool call came from
-        self._parsed_any = False
 
     def push(self, ev: EngineEvent) -> list[dict[str, Any]]:
-        if ev.text:
-            self._raw_text.append(ev.text)
         if self.raw:
             if ev.text:
                 self._content.append(ev.text)
@@ -46,35 +45,39 @@ class ChatView:
         if ev.finish_reason is not None:
             for hev in self._parser.finish():
                 deltas += self._on_harmony(hev)
-            if not self._parsed_any and self._raw_text:
-                # Output that never formed a harmony message (e.g. an untrained model): keep it as content.
-                text = "".join(self._raw_text)
-                self._content.append(text)
-                deltas.append({"content": text})
+            for key, held in self._held.items():
+                if held and not self._stopped:
+                    deltas.append(self._append(key, held))
         return deltas
 
-    def _on_harmony(self, hev: Any) -> list[dict[str, Any]]:
-        self._parsed_any = True
-        recipient = hev.recipient or ""
-        if recipient.startswith(TOOL_PREFIX):
-            out = []
-            if self._tool_msg is not hev.message_index:
-                self._tool_msg = hev.message_index
+    def _on_harmony(self, hev: Event) -> list[dict[str, Any]]:
+        target = hev.target
+        if target == "tool_call":
+            if hev.kind == "start":
                 call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                        "function": {"name": recipient[len(TOOL_PREFIX):], "arguments": ""}}
+                        "function": {"name": hev.header.tool_name, "arguments": ""}}
                 self._tools.append(call)
-                out.append({"tool_calls": [{"index": len(self._tools) - 1, **call}]})
-            if hev.text:
+                return [{"tool_calls": [{"index": len(self._tools) - 1, **call}]}]
+            if hev.kind == "delta" and hev.text:
                 self._tools[-1]["function"]["arguments"] += hev.text
-                out.append({"tool_calls": [{"index": len(self._tools) - 1, "function": {"arguments": hev.text}}]})
-            return out
-        if not hev.text:
+                return [{"tool_calls": [{"index": len(self._tools) - 1, "function": {"arguments": hev.text}}]}]
             return []
-        if hev.channel == "analysis":
-            self._reasoning.append(hev.text)
-            return [{"reasoning_content": hev.text}]
-        self._content.append(hev.text)
-        return [{"content": hev.text}]
+        if hev.kind != "delta" or not hev.text or self._stopped:
+            return []
+        key = "reasoning_content" if target == "reasoning" else "content"
+        held = self._held[key] + hev.text
+        hit = find_stop(held, self._stop)
+        if hit is not None:
+            self._stopped = True
+            self._held[key] = ""
+            return [self._append(key, held[:hit])] if hit else []
+        n = safe_prefix_len(held, self._stop)
+        self._held[key] = held[n:]
+        return [self._append(key, held[:n])] if n else []
+
+    def _append(self, key: str, text: str) -> dict[str, Any]:
+        (self._reasoning if key == "reasoning_content" else self._content).append(text)
+        return {key: text}
 
     def message(self) -> dict[str, Any]:
         """The complete assistant message (non-streaming response)."""

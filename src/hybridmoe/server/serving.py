@@ -167,7 +167,8 @@ class Serving:
         ids = self.tokenizer.encode(prompt, allow_special=True)
         k = (req.top_logprobs or 0) if req.logprobs else None
         handle = self._submit(ids, req, req.token_limit(), k)
-        view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none")
+        view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none",
+                        stop=req.stop_list())
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
                 "system_fingerprint": f"hybridmoe-{__version__}"}
         if req.stream:

@@ -1,0 +1,133 @@
+"""Reasoning split and tool calls through the real server.
+
+A random model never writes harmony markup, so these requests use the server's test hook
+(`serve --test-hooks` + request field `test_forced_output`): the model still runs every step, but
+the engine emits the given tokens instead of sampled ones. Everything after the engine (harmony
+parsing, deltas, tool_calls, finish_reason, usage) is the production path.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+REASONED = ("<|channel|>analysis<|message|>The user greets me.<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>Hello there!<|return|>")
+TOOL_CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|>"
+             "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+             '<|message|>{"city": "Paris"}<|call|>')
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+USER = [{"role": "user", "content": "Hi!"}]
+
+
+def ask(client, forced: str, fmt: str | None = None, **kw):
+    extra = {"test_forced_output": forced}
+    if fmt is not None:
+        extra["reasoning_format"] = fmt
+    return client.chat.completions.create(model="tiny-test", messages=kw.pop("messages", USER), max_tokens=64,
+                                          temperature=0, extra_body=extra, **kw)
+
+
+def test_server_started_from_the_llama_server_line(server):
+    log = server.log()
+    assert f"listening on {server.base_url}" in log
+
+
+def test_reasoning_format_none_returns_raw_harmony(client):
+    r = ask(client, REASONED)  # the server runs with --reasoning-format none
+    msg = r.choices[0].message
+    assert msg.content == REASONED.removesuffix("<|return|>")
+    assert msg.model_extra.get("reasoning_content") is None
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_reasoning_format_auto_splits_channels(client, server):
+    r = ask(client, REASONED, "auto")
+    msg = r.choices[0].message
+    assert msg.content == "Hello there!"
+    assert msg.model_extra["reasoning_content"] == "The user greets me."
+    assert r.choices[0].finish_reason == "stop"
+    _, tok = server.request("POST", "/tokenize", {"content": REASONED})
+    assert r.usage.completion_tokens == len(tok["tokens"])  # the stop token <|return|> included
+
+
+def test_reasoning_format_auto_streams_reasoning_then_content(client):
+    chunks = list(ask(client, REASONED, "auto", stream=True))
+    kinds, reasoning, content = [], "", ""
+    for c in chunks:
+        if not c.choices:
+            continue
+        d = c.choices[0].delta
+        r = (d.model_extra or {}).get("reasoning_content")
+        if r:
+            kinds.append("r")
+            reasoning += r
+        if d.content:
+            kinds.append("c")
+            content += d.content
+    assert (reasoning, content) == ("The user greets me.", "Hello there!")
+    assert kinds == sorted(kinds, reverse=True)  # every reasoning delta before the first content delta
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_tool_call_parsed(client):
+    r = ask(client, TOOL_CALL, "auto", tools=TOOLS)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert choice.message.model_extra["reasoning_content"] == "Need the weather."
+    assert not choice.message.content
+
+
+def test_tool_call_streamed(client):
+    calls: dict[int, dict] = {}
+    finish = None
+    for c in ask(client, TOOL_CALL, "auto", tools=TOOLS, stream=True):
+        if not c.choices:
+            continue
+        for tc in c.choices[0].delta.tool_calls or []:
+            entry = calls.setdefault(tc.index, {"name": "", "arguments": "", "id": None})
+            if tc.id:
+                entry["id"] = tc.id
+            if tc.function and tc.function.name:
+                entry["name"] += tc.function.name
+            if tc.function and tc.function.arguments:
+                entry["arguments"] += tc.function.arguments
+        finish = c.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather" and calls[0]["id"]
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris"}
+
+
+def test_tool_result_turn_accepted(client, server):
+    first = ask(client, TOOL_CALL, "auto", tools=TOOLS).choices[0].message
+    call = first.tool_calls[0]
+    history = USER + [
+        {"role": "assistant", "content": None, "reasoning_content": "Need the weather.",
+         "tool_calls": [{"id": call.id, "type": "function",
+                         "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21}'},
+    ]
+    r = ask(client, REASONED, "auto", tools=TOOLS, messages=history)
+    assert r.choices[0].message.content == "Hello there!"
+    status, body = server.request("POST", "/apply-template", {"messages": history, "tools": TOOLS})
+    assert status == 200
+    prompt = body["prompt"]
+    assert "functions.get_weather" in prompt and '{"temp_c": 21}' in prompt and "Need the weather." in prompt
+    assert prompt.endswith("<|start|>assistant")
+
+
+@pytest.mark.parametrize("how", ["field", "kwargs"])
+def test_reasoning_effort_reaches_the_template(server, how):
+    body = {"messages": USER}
+    if how == "field":
+        body["reasoning_effort"] = "high"
+    else:
+        body["chat_template_kwargs"] = {"reasoning_effort": "high"}
+    status, out = server.request("POST", "/apply-template", body)
+    assert status == 200 and "Reasoning: high" in out["prompt"]
