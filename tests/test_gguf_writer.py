@@ -138,6 +138,8 @@ def test_array_wrong_size_and_missing_data(tmp_path):
         write_gguf(tmp_path / "b.gguf", {}, [TensorSpec("w", GGMLType.F32, (32, 3))])
     with pytest.raises(ValueError, match="not a multiple"):
         write_gguf(tmp_path / "c.gguf", {}, [TensorSpec("w", GGMLType.MXFP4, (48,))], sparse=True)
+    with pytest.raises(ValueError, match="llama.cpp allows at most 63"):
+        write_gguf(tmp_path / "e.gguf", {}, [TensorSpec("n" * 64, GGMLType.F32, (8,))], sparse=True)
     with pytest.raises(ValueError, match="duplicate tensor name"):
         write_gguf(tmp_path / "d.gguf", {}, [TensorSpec("w", GGMLType.F32, (8,))] * 2, sparse=True)
 

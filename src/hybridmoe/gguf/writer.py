@@ -28,6 +28,7 @@ from hybridmoe.gguf.constants import (
 
 ChunkSource = Callable[[], Iterable[Union[bytes, bytearray, memoryview, np.ndarray]]]
 _INT32 = (-(2**31), 2**31 - 1)
+MAX_NAME_BYTES = 64  # ggml's GGML_MAX_NAME, NUL included
 
 
 @dataclass
@@ -168,6 +169,9 @@ def _header(metadata: dict[str, Any], tensors: Sequence[TensorSpec], alignment: 
         if len(t.ne) > MAX_DIMS:
             raise ValueError(f"tensor {t.name!r}: {len(t.ne)} dims > {MAX_DIMS}")
         name = t.name.encode("utf-8")
+        if len(name) >= MAX_NAME_BYTES:
+            raise ValueError(f"tensor {t.name!r}: name is {len(name)} bytes; llama.cpp allows "
+                             f"at most {MAX_NAME_BYTES - 1}")
         parts.append(struct.pack("<Q", len(name)) + name + struct.pack("<I", len(t.ne)))
         parts.append(struct.pack(f"<{len(t.ne)}Q", *(int(d) for d in t.ne)))
         parts.append(struct.pack("<IQ", GGMLType(t.ggml_type), off))
