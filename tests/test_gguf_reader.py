@@ -206,6 +206,11 @@ def test_bad_magic_and_version(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(GGUFError, match="cannot open"):
         open_model(tmp_path / "nope.gguf")
+    d = tmp_path / "dir.gguf"
+    d.mkdir()
+    (d / "pad").write_bytes(bytes(64))
+    with pytest.raises(GGUFError, match="dir.gguf"):
+        open_model(d)
 
 
 def test_every_truncation_of_the_header_is_a_clear_error(tmp_path):

@@ -236,7 +236,10 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: truncated header: file is {size} bytes, a GGUF header "
                             f"needs at least 24")
         self.size = size
-        self._mm: np.memmap | None = np.memmap(self.path, dtype=np.uint8, mode="r")
+        try:
+            self._mm: np.memmap | None = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
         cur = _Cursor(self.path, memoryview(self._mm), size)
         self._parse(cur)
 
