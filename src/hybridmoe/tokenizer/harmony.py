@@ -108,7 +108,8 @@ class HarmonyParser:
 
     def __init__(self, tok: Tokenizer, role: str = "assistant") -> None:
         self._tok = tok
-        ids = {name: tok.token_id(name) for name in ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", *END_TOKENS)}
+        names = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", *END_TOKENS)
+        ids = {name: tok.token_id(name) for name in names}  # None where the vocab lacks one
         self._start_id = ids["<|start|>"]
         self._channel_id = ids["<|channel|>"]
         self._message_id = ids["<|message|>"]

@@ -107,7 +107,8 @@ class Tokenizer:
     ) -> None:
         if len(token_types) != len(tokens):
             raise ValueError(
-                f"tokenizer.ggml.token_type has {len(token_types)} entries but tokenizer.ggml.tokens has {len(tokens)}"
+                f"tokenizer.ggml.token_type has {len(token_types)} entries "
+                f"but tokenizer.ggml.tokens has {len(tokens)}"
             )
         if pre not in PRE_PATTERNS:
             raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r}; supported: {sorted(PRE_PATTERNS)}")
@@ -147,7 +148,7 @@ class Tokenizer:
         extra = [int(i) for i in meta.get("tokenizer.ggml.eos_token_ids", None) or ()]
         for i in extra:
             if not 0 <= i < n:
-                raise ValueError(f"tokenizer.ggml.eos_token_ids contains {i}, outside the vocabulary [0, {n})")
+                raise ValueError(f"tokenizer.ggml.eos_token_ids has {i}, outside the vocabulary [0, {n})")
         return cls(
             tokens,
             types,
@@ -194,7 +195,7 @@ class Tokenizer:
         try:
             bpe = models.BPE(vocab=self._id_by_text, merges=pairs, ignore_merges=True)
         except Exception as e:  # the Rust side names the merge whose parts are not tokens
-            raise ValueError(f"tokenizer.ggml.merges is inconsistent with tokenizer.ggml.tokens: {e}") from None
+            raise ValueError(f"tokenizer.ggml.merges does not match tokenizer.ggml.tokens: {e}") from None
         tk = _HFTokenizer(bpe)
         tk.pre_tokenizer = pre_tokenizers.Sequence(
             [
@@ -214,7 +215,8 @@ class Tokenizer:
         for tok in added:
             got = tk.token_to_id(tok.content)
             if got != self._id_by_text[tok.content]:
-                raise ValueError(f"special token {tok.content!r} got id {got}, expected {self._id_by_text[tok.content]}")
+                want = self._id_by_text[tok.content]
+                raise ValueError(f"special token {tok.content!r} got id {got}, expected {want}")
         return tk
 
     def _build_eog(self, extra: Iterable[int]) -> frozenset[int]:
@@ -225,9 +227,11 @@ class Tokenizer:
             i = self.token_id(name)
             if i is not None:
                 ids.add(i)
-        # A converter may set eos = <|end|>; with harmony's real stop tokens present, drop it (as llama.cpp does).
+        # A converter may set eos = <|end|>; with harmony's real stop tokens present, drop it
+        # (as llama.cpp does).
         end = self.token_id("<|end|>")
-        if end is not None and self.token_id("<|return|>") is not None and self.token_id("<|call|>") is not None:
+        harmony_stops = self.token_id("<|return|>") is not None and self.token_id("<|call|>") is not None
+        if end is not None and harmony_stops:
             ids.discard(end)
         return frozenset(ids)
 
