@@ -404,3 +404,10 @@ def test_inspect_command_prints_summary_without_torch(tmp_path):
     r = subprocess.run([sys.executable, "-m", "hybridmoe.cli", "inspect", "-m", str(bad)],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "not a GGUF file" in r.stderr
+
+
+def test_bad_alignment_key(tmp_path):
+    path = tmp_path / "a.gguf"
+    write_gguf(path, {"general.alignment": (48, GGUFValueType.UINT32)}, [])
+    with pytest.raises(GGUFError, match="general.alignment = 48 is not a positive power of two"):
+        open_model(path)
