@@ -127,6 +127,11 @@ def test_plain_text_then_stop_token(tok):
     assert out.content == "Just an answer." and out.last_end_token == "<|return|>"
 
 
+def test_endoftext_ends_the_message(tok):
+    out = parse_completion(tok, ids_of(tok, "<|channel|>final<|message|>bye<|endoftext|>"))
+    assert out.content == "bye" and out.last_end_token == "<|endoftext|>"
+
+
 def test_tolerates_full_start_and_missing_end(tok):
     # starts with <|start|>assistant; the analysis message is not closed before the next <|start|>
     text = "<|start|>assistant<|channel|>analysis<|message|>think<|start|>assistant<|channel|>final<|message|>done<|return|>"

@@ -114,7 +114,9 @@ class HarmonyParser:
         self._channel_id = ids["<|channel|>"]
         self._message_id = ids["<|message|>"]
         self._header_openers = {i for i in (ids["<|channel|>"], ids["<|constrain|>"]) if i is not None}
-        self._end_names = {ids[n]: n for n in END_TOKENS if ids[n] is not None}
+        # Messages end on harmony's end tokens and on any other end-of-generation id (<|endoftext|>).
+        self._end_names = {i: tok.token_text(i) for i in tok.eog_ids}
+        self._end_names.update({ids[n]: n for n in END_TOKENS if ids[n] is not None})
         self._state: Literal["pending", "header", "content"] = "pending"
         self._role: str | None = role
         self._pending: list[int] = []
