@@ -39,8 +39,9 @@ struct MxConsts {
 };
 
 inline void mx_decode_perm(const uint8_t* blk, const MxConsts& c, __m256* f) {
-    __m128i q = _mm_loadu_si128((const __m128i*)(blk + 1));
-    __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), c.m0f);
+    // Broadcast-load + blend instead of an insert: keeps the shuffle ports for the lookups.
+    __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(blk + 1)));
+    __m256i nib = _mm256_and_si256(_mm256_blend_epi32(q, _mm256_srli_epi16(q, 4), 0xF0), c.m0f);
     __m256i hb = _mm256_shuffle_epi8(c.luth, nib);   // lane 0: elements 0..15, lane 1: 16..31
     __m256i lb = _mm256_shuffle_epi8(c.lutl, nib);
     __m256i wa = _mm256_unpacklo_epi8(lb, hb);       // bf16 of elements 0..7 | 16..23
@@ -73,38 +74,52 @@ void prep_x(int fmt, const float* x, float* xp, int64_t K) {
 
 // Per block: the 4 weight vectors times the 4 activation vectors, then one FMA by the block
 // scale. Two accumulator sets (even/odd blocks) hide the FMA latency when NT is 1.
+// One block of one row against NT activation rows. The dependency chains are kept short: the
+// FP scheduler, not the ports, is what limits this loop on Zen-class cores.
+//  NT == 1: two partial dot products per block, each scaled into its own accumulator (acc[0..1]).
+//  NT >= 2: scale the 4 weight vectors once, then 2 accumulators per token (acc[2t], acc[2t+1]).
+template <int FMT, int NT>
+inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, const MxConsts& c, __m256* acc) {
+    constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
+    const uint8_t* blk = row + b * bb;
+    _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
+    __m256 f[4], d;
+    if (FMT == kMXFP4) {
+        mx_decode_perm(blk, c, f);
+        d = _mm256_broadcast_ss(&g_e8m0_table[blk[0]]);
+    } else {
+        q8_decode(blk, f);
+        d = q8_scale(blk);
+    }
+    if constexpr (NT == 1) {
+        const float* xb = xs[0] + b * kBlockElems;
+        __m256 s0 = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xb + 8), _mm256_mul_ps(f[0], _mm256_loadu_ps(xb)));
+        __m256 s1 = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xb + 24), _mm256_mul_ps(f[2], _mm256_loadu_ps(xb + 16)));
+        acc[0] = _mm256_fmadd_ps(s0, d, acc[0]);
+        acc[1] = _mm256_fmadd_ps(s1, d, acc[1]);
+    } else {
+        for (int i = 0; i < 4; ++i) f[i] = _mm256_mul_ps(f[i], d);
+        for (int t = 0; t < NT; ++t) {
+            const float* xb = xs[t] + b * kBlockElems;
+            acc[2 * t] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(xb), acc[2 * t]);
+            acc[2 * t + 1] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xb + 8), acc[2 * t + 1]);
+            acc[2 * t] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xb + 16), acc[2 * t]);
+            acc[2 * t + 1] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xb + 24), acc[2 * t + 1]);
+        }
+    }
+}
+
 template <int FMT, int NT>
 void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs,
             float* out, int64_t ldo) {
-    constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
     const int64_t nb = K / kBlockElems;
     const MxConsts c;
     for (int64_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = w + r * row_bytes;
-        __m256 acc[2][NT];
-        for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t* blk = row + b * bb;
-            _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
-            __m256 f[4], d;
-            if (FMT == kMXFP4) {
-                mx_decode_perm(blk, c, f);
-                d = _mm256_broadcast_ss(&g_e8m0_table[blk[0]]);
-            } else {
-                q8_decode(blk, f);
-                d = q8_scale(blk);
-            }
-            const int p = int(b & 1);
-            for (int t = 0; t < NT; ++t) {
-                const float* xb = xs[t] + b * kBlockElems;
-                __m256 s = _mm256_mul_ps(f[0], _mm256_loadu_ps(xb));
-                s = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xb + 8), s);
-                s = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xb + 16), s);
-                s = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xb + 24), s);
-                acc[p][t] = _mm256_fmadd_ps(s, d, acc[p][t]);
-            }
-        }
-        for (int t = 0; t < NT; ++t) out[t * ldo + r] = hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
+        __m256 acc[2 * NT];
+        for (int i = 0; i < 2 * NT; ++i) acc[i] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) gemv_block<FMT, NT>(row, b, xs, c, acc);
+        for (int t = 0; t < NT; ++t) out[t * ldo + r] = hsum(_mm256_add_ps(acc[2 * t], acc[2 * t + 1]));
     }
 }
 

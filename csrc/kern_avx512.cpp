@@ -37,37 +37,47 @@ inline __m512 q8_scale(const uint8_t* blk) {
 
 void prep_x(int, const float* x, float* xp, int64_t K) { std::memcpy(xp, x, K * sizeof(float)); }
 
+// One block of one row against NT activation rows, accumulated into acc[NT].
+template <int FMT, int NT>
+inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, __m512 lut, __m512* acc) {
+    constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
+    const uint8_t* blk = row + b * bb;
+    _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
+    __m512 lo, hi, d;
+    if (FMT == kMXFP4) {
+        mx_decode(blk, lut, lo, hi);
+        d = _mm512_set1_ps(g_e8m0_table[blk[0]]);
+    } else {
+        q8_decode(blk, lo, hi);
+        d = q8_scale(blk);
+    }
+    for (int t = 0; t < NT; ++t) {
+        const float* xb = xs[t] + b * kBlockElems;
+        __m512 s = _mm512_mul_ps(lo, _mm512_loadu_ps(xb));
+        s = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), s);
+        acc[t] = _mm512_fmadd_ps(s, d, acc[t]);
+    }
+}
+
+// Per block: decoded weights times the activations, then one FMA by the block scale. Even and
+// odd blocks use separate accumulators (explicit unroll keeps them in registers) to hide the
+// FMA latency when NT is 1.
 template <int FMT, int NT>
 void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs,
             float* out, int64_t ldo) {
-    constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
     const int64_t nb = K / kBlockElems;
     const __m512 lut = mx_lut();
     for (int64_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = w + r * row_bytes;
-        __m512 acc[2][NT];
-        for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t* blk = row + b * bb;
-            _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
-            __m512 lo, hi, d;
-            if (FMT == kMXFP4) {
-                mx_decode(blk, lut, lo, hi);
-                d = _mm512_set1_ps(g_e8m0_table[blk[0]]);
-            } else {
-                q8_decode(blk, lo, hi);
-                d = q8_scale(blk);
-            }
-            const int p = int(b & 1);
-            for (int t = 0; t < NT; ++t) {
-                const float* xb = xs[t] + b * kBlockElems;
-                __m512 s = _mm512_mul_ps(lo, _mm512_loadu_ps(xb));
-                s = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), s);
-                acc[p][t] = _mm512_fmadd_ps(s, d, acc[p][t]);
-            }
+        __m512 acc0[NT], acc1[NT];
+        for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
+        int64_t b = 0;
+        for (; b + 1 < nb; b += 2) {
+            gemv_block<FMT, NT>(row, b, xs, lut, acc0);
+            gemv_block<FMT, NT>(row, b + 1, xs, lut, acc1);
         }
-        for (int t = 0; t < NT; ++t)
-            out[t * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]));
+        if (b < nb) gemv_block<FMT, NT>(row, b, xs, lut, acc0);
+        for (int t = 0; t < NT; ++t) out[t * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
     }
 }
 
