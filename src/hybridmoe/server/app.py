@@ -110,13 +110,13 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
-        result = await serving().chat(req)
+        result = await serving().chat(req, request.is_disconnected)
         return _respond(result)
 
     @app.post("/v1/completions")
     @app.post("/completions")
-    async def completions(req: CompletionRequest) -> Any:
-        result = await serving().completion(req)
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        result = await serving().completion(req, request.is_disconnected)
         return _respond(result)
 
     @app.post("/tokenize")

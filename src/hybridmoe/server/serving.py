@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,29 @@ class ServingConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     test_hooks: bool = False  # honour `test_forced_output` (see GenerationRequest.forced_tokens)
+
+
+Disconnected = Callable[[], Awaitable[bool]]
+
+
+async def _watch(handle: RequestHandle, disconnected: Disconnected) -> None:
+    while True:
+        if await disconnected():
+            handle.cancel()
+            return
+        await asyncio.sleep(0.25)
+
+
+async def _events(handle: RequestHandle, disconnected: Disconnected | None) -> AsyncIterator[EngineEvent]:
+    """Events of a non-streamed request; a client that goes away cancels it (slot freed)."""
+    watch = asyncio.create_task(_watch(handle, disconnected)) if disconnected is not None else None
+    try:
+        async for ev in handle:
+            yield ev
+    finally:
+        if watch is not None:
+            watch.cancel()
+        handle.cancel()  # no-op when finished; frees the slot if this handler itself was cancelled
 
 
 def _sse(obj: dict[str, Any] | str) -> str:
@@ -160,7 +183,8 @@ class Serving:
         return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
 
     # ---- chat ---------------------------------------------------------------------------------
-    async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
+    async def chat(self, req: ChatCompletionRequest,
+                   disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
         self._check_model(req.model)
         tools = None if req.tool_choice == "none" else req.tools
         prompt = self._render(req.messages, tools, req.reasoning_effort, req.chat_template_kwargs)
@@ -174,19 +198,16 @@ class Serving:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return self._chat_stream(handle, view, head, include_usage)
-        return await self._chat_full(handle, view, head)
+        return await self._chat_full(handle, view, head, disconnected)
 
-    async def _chat_full(self, handle: RequestHandle, view: ChatView, head: dict[str, Any]) -> dict[str, Any]:
+    async def _chat_full(self, handle: RequestHandle, view: ChatView, head: dict[str, Any],
+                         disconnected: Disconnected | None) -> dict[str, Any]:
         logprobs: list[dict[str, Any]] = []
-        try:
-            async for ev in handle:
-                view.push(ev)
-                if ev.logprob is not None:
-                    logprobs.append(self._logprob_entry(ev.logprob))
-                if ev.finish_reason is not None:
-                    last = ev
-        finally:
-            handle.cancel()  # no-op when finished; frees the slot if this handler was cancelled
+        async for ev in _events(handle, disconnected):
+            view.push(ev)
+            if ev.logprob is not None:
+                logprobs.append(self._logprob_entry(ev.logprob))
+            last = ev
         if last.finish_reason == "error":
             raise APIError(500, f"generation failed: {last.error}", type="server_error")
         message = {"role": "assistant", **view.message()}
@@ -234,7 +255,8 @@ class Serving:
             handle.cancel()  # client gone mid-stream: the engine frees the slot at its next step
 
     # ---- legacy completions ---------------------------------------------------------------------
-    async def completion(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
+    async def completion(self, req: CompletionRequest,
+                         disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
         self._check_model(req.model)
         if isinstance(req.prompt, str) or isinstance(req.prompt[0], str):
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
@@ -247,7 +269,7 @@ class Serving:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return self._completion_stream(handle, head, include_usage)
-        return await self._completion_full(handle, head)
+        return await self._completion_full(handle, head, disconnected)
 
     def _legacy_logprobs(self, lps: list[Any]) -> dict[str, Any]:
         piece = self.tokenizer.token_text
@@ -257,16 +279,14 @@ class Serving:
             "top_logprobs": [{piece(t): v for t, v in lp.top} for lp in lps],
         }
 
-    async def _completion_full(self, handle: RequestHandle, head: dict[str, Any]) -> dict[str, Any]:
+    async def _completion_full(self, handle: RequestHandle, head: dict[str, Any],
+                               disconnected: Disconnected | None) -> dict[str, Any]:
         text, lps = [], []
-        try:
-            async for ev in handle:
-                text.append(ev.text)
-                if ev.logprob is not None:
-                    lps.append(ev.logprob)
-                last = ev
-        finally:
-            handle.cancel()
+        async for ev in _events(handle, disconnected):
+            text.append(ev.text)
+            if ev.logprob is not None:
+                lps.append(ev.logprob)
+            last = ev
         if last.finish_reason == "error":
             raise APIError(500, f"generation failed: {last.error}", type="server_error")
         return {

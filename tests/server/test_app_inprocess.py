@@ -1,0 +1,137 @@
+"""The app served by uvicorn in a thread of the test process, for states a real `serve` process
+cannot easily be put in: still loading, failed to load, a full queue, a crashing model."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+
+from hybridmoe.engine.engine import Engine
+from hybridmoe.server.app import ServerState, create_app
+from hybridmoe.server.serving import Serving, ServingConfig
+
+from .conftest import free_port
+
+MSGS = [{"role": "user", "content": "Hello"}]
+
+
+class InProcess:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.port = free_port()
+        config = uvicorn.Config(create_app(state), host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> InProcess:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.server.started
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        if self.state.serving is not None:
+            self.state.serving.engine.close()
+
+    def conn(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        c = self.conn()
+        c.request(method, path, json.dumps(body) if body is not None else None, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        out = (r.status, json.loads(r.read()))
+        c.close()
+        return out
+
+
+@pytest.fixture
+def make_serving(served_llm, served_model):
+    def make(n_parallel: int = 1, max_queue: int = 0) -> Serving:
+        engine = Engine(served_llm, n_parallel, 256, max_queue, batch_size=64).start()
+        return Serving(engine, served_llm, ServingConfig(model_path=served_model))
+
+    return make
+
+
+def test_health_while_loading_and_after_failure():
+    state = ServerState()
+    with InProcess(state) as srv:
+        status, body = srv.request("GET", "/health")
+        assert status == 503 and body["error"]["message"] == "Loading model"
+        assert body["error"]["type"] == "unavailable_error"
+        status, body = srv.request("POST", "/v1/chat/completions", {"messages": MSGS})
+        assert status == 503
+        state.load_error = "GGUFError: bad magic"
+        status, body = srv.request("GET", "/health")
+        assert status == 503 and "bad magic" in body["error"]["message"]
+
+
+def test_full_queue_answers_503_then_recovers(make_serving):
+    state = ServerState(serving=make_serving(n_parallel=1, max_queue=0))
+    engine = state.serving.engine
+    with InProcess(state) as srv:
+        c = srv.conn()
+        c.request("POST", "/v1/chat/completions", json.dumps(
+            {"messages": MSGS, "stream": True, "max_tokens": 200, "ignore_eos": True}),
+            {"Content-Type": "application/json"})
+        r = c.getresponse()
+        r.fp.readline()  # first chunk: the only slot is busy
+        status, body = srv.request("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})
+        assert status == 503 and "busy" in body["error"]["message"]
+        c.close()
+        deadline = time.monotonic() + 20
+        while engine.status()["slots"][0]["is_processing"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status, body = srv.request("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})
+        assert status == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
+        assert engine.metrics.requests_rejected_total == 1
+
+
+def test_non_stream_disconnect_frees_slot(make_serving):
+    state = ServerState(serving=make_serving(n_parallel=1, max_queue=4))
+    engine = state.serving.engine
+    with InProcess(state) as srv:
+        body = json.dumps({"messages": MSGS, "max_tokens": 230, "ignore_eos": True}).encode()
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 20
+        while not engine.status()["slots"][0]["is_processing"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s.close()
+        while engine.status()["slots"][0]["is_processing"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not engine.status()["slots"][0]["is_processing"]
+        assert engine.metrics.tokens_predicted_total < 230  # stopped early, not run to the end
+
+
+def test_model_failure_is_an_error_not_a_crash(make_serving, monkeypatch):
+    state = ServerState(serving=make_serving(n_parallel=2, max_queue=4))
+    model = state.serving.engine.model
+    real_forward = model.forward
+    calls = {"n": 0}
+
+    def flaky(chunks, all_logits=False):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("simulated kernel failure")
+        return real_forward(chunks, all_logits)
+
+    monkeypatch.setattr(model, "forward", flaky)
+    with InProcess(state) as srv:
+        status, body = srv.request("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 3})
+        assert status == 500 and "simulated kernel failure" in body["error"]["message"]
+        status, body = srv.request("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 3})
+        assert status == 200 and body["usage"]["completion_tokens"] >= 1
