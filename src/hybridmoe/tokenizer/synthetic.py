@@ -59,6 +59,9 @@ child children hand hands eye eyes head face door room car road tree trees river
 """.split()
 
 
+_HEADER_WORDS = ["assistant", "analysis", "final", "commentary", "user", "system", "developer", "json"]
+
+
 def make_vocab(n_vocab: int, seed: int = 0, preset: str = "tiny") -> dict[str, Any]:
     """GGUF tokenizer metadata (`tokenizer.ggml.*` + `tokenizer.chat_template`) for a synthetic model.
 
@@ -126,6 +129,9 @@ def _corpus(rng: random.Random, num_sentences: int = 3000) -> list[str]:
         if rng.random() < 0.2:
             line += f" {rng.randint(0, 999)}"
         lines.append(line)
+    # Header words stand alone between harmony specials (`<|channel|>final<|message|>`), so teach
+    # their no-leading-space forms too.
+    lines += [w for w in _HEADER_WORDS for _ in range(40)]
     return lines
 
 
