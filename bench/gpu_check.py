@@ -41,7 +41,8 @@ MAX_REL_ERR, MIN_TOP1 = 2e-2, 0.9
 @dataclass
 class Row:
     label: str
-    plan_gpu_gib: float
+    plan_gpu_gib: float  # dense GPU weights kept as stored (Q8_0)
+    plan_gpu_f32_gib: float  # dense GPU weights converted to f32 at load
     pp_tok_s: float | None = None
     tg_tok_s: float | None = None
     peak_alloc_gib: float | None = None
@@ -66,11 +67,12 @@ def model_file(out_dir: str, preset: str, sparse: bool) -> str:
     return path
 
 
-def planned_gpu_gib(path: str, options: dict, ctx: int, device: str) -> float:
+def planned_gpu_gib(path: str, options: dict, ctx: int, device: str, dense: str = "stored") -> float:
     mf = open_model(path)
     try:
         cfg = GptOssConfig.from_metadata(mf.metadata)
-        plan = make_plan(cfg, mf.tensors, PlacementOptions(ctx_size=ctx, batch_size=PP, gpu_device=device, **options))
+        plan = make_plan(cfg, mf.tensors, PlacementOptions(
+            ctx_size=ctx, batch_size=PP, gpu_device=device, gpu_dense_dtype=dense, **options))
     finally:
         mf.close()
     if plan.gpu_device == "cpu":
@@ -95,7 +97,8 @@ def measure(path: str, label: str, options: dict, ctx: int, threads: int, device
             prompt: list[int], ref_logits: np.ndarray) -> Row:
     from hybridmoe import LLM
 
-    row = Row(label, planned_gpu_gib(path, options, ctx, device))
+    row = Row(label, planned_gpu_gib(path, options, ctx, device),
+              planned_gpu_gib(path, options, ctx, device, "f32"))
     cuda = device.startswith("cuda")
     if cuda:
         free_everything()
@@ -139,14 +142,15 @@ def fmt(v: float | None, spec: str) -> str:
 
 def print_table(rows: list[Row], title: str) -> None:
     print(f"\n{title}")
-    head = f"| {'placement':<16} | {'plan GPU GiB':>12} | {'pp512 tok/s':>11} | {'tg128 tok/s':>11} | " \
+    head = f"| {'placement':<16} | {'plan GiB Q8_0/f32':>17} | {'pp512 tok/s':>11} | {'tg128 tok/s':>11} | " \
            f"{'peak alloc GiB':>14} | {'peak reserved GiB':>17} | {'logits rel err / top1':>21} | {'load s':>6} | note"
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|---")
     for r in rows:
         lg = r.extra.get("logits")
         lgs = f"{lg['max_rel_err']:.1e} / {lg['top1_agree']:.2f}" if lg else "-"
-        print(f"| {r.label:<16} | {r.plan_gpu_gib:>12.2f} | {fmt(r.pp_tok_s, '>11.1f')} | "
+        plan = f"{r.plan_gpu_gib:.2f} / {r.plan_gpu_f32_gib:.2f}"
+        print(f"| {r.label:<16} | {plan:>17} | {fmt(r.pp_tok_s, '>11.1f')} | "
               f"{fmt(r.tg_tok_s, '>11.1f')} | {fmt(r.peak_alloc_gib, '>14.2f')} | "
               f"{fmt(r.peak_reserved_gib, '>17.2f')} | {lgs:>21} | {fmt(r.load_s, '>6.1f')} | {r.note}")
 
@@ -189,7 +193,9 @@ def main() -> int:
               "preset with every device 'cpu' follow.")
         sparse = model_file(args.out, args.preset, sparse=True)
         for label, options in CONFIGS:
-            print(f"  plan {label:<16} GPU {planned_gpu_gib(sparse, options, args.ctx, 'cuda:0'):6.2f} GiB")
+            q8 = planned_gpu_gib(sparse, options, args.ctx, "cuda:0")
+            f32 = planned_gpu_gib(sparse, options, args.ctx, "cuda:0", "f32")
+            print(f"  plan {label:<16} GPU {q8:6.2f} GiB (dense weights Q8_0), {f32:6.2f} GiB (f32)")
         rows = run("tiny", args.out, args.threads, "cpu", args.ctx)
         title = "SMOKE (tiny preset, every device cpu; not a GPU measurement)"
 

@@ -285,6 +285,20 @@ def test_cpu_moe_bytes_match_section_7(index, preset, L, E):
     assert gpu.total_bytes == gpu.weights_bytes + gpu.kv_bytes + gpu.compute_bytes
 
 
+def test_dense_weights_converted_on_gpu(index):
+    # §7: attention 1.780 GiB and output head 1.079 GiB in BF16 for 120b; the CPU side unchanged.
+    p = plan_for(index, "120b", cpu_moe=True, gpu_dense_dtype="bf16")
+    w = p.devices["cuda:0"].weights_by_kind
+    assert w["attention"] == 26_542_080 * 36 * 2 and round(w["attention"] / GIB, 3) == 1.780
+    assert w["output"] == V * H * 2 and round(w["output"] / GIB, 3) == 1.079
+    assert w["router"] == non_expert_gpu_bytes(36, 128)["router"]  # F32 stays F32
+    assert p.devices["cpu"].weights_by_kind["embedding"] == V * H * 34 // 32
+    f32 = plan_for(index, "120b", cpu_moe=True, gpu_dense_dtype="f32")
+    assert f32.devices["cuda:0"].weights_by_kind["attention"] == 2 * w["attention"]
+    with pytest.raises(PlacementError, match="gpu_dense_dtype"):
+        plan_for(index, "120b", gpu_dense_dtype="q4")
+
+
 def test_file_totals_match_section_7(index):
     # §7: 11.27 GiB (20b) and 59.02 GiB (120b) of tensor data.
     for preset, gib in (("20b", 11.27), ("120b", 59.02)):

@@ -47,6 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--kv-bytes", type=float, default=2.0, help="bytes per cached K/V value (2 = f16)")
     a("--upload-slots", type=int, default=1,
       help="GPU buffers of one layer's CPU experts for prompt batches (0 = none)")
+    a("--gpu-dense-dtype", default="stored", choices=["stored", "bf16", "f16", "f32"],
+      help="quantized non-expert weights on the GPU: kept as stored, or converted at load")
     a("--gpu-device", default="cuda:0", help="the GPU device (cuda:N, CUDA0, or cpu for CPU-only)")
     a("--vram-budget", type=float, default=None, help="GiB the plan may use on the GPU")
     a("--fit", action="store_true", help="choose the most expert layers on the GPU that fit")
@@ -60,7 +62,7 @@ def options_from_args(args: argparse.Namespace) -> PlacementOptions:
         override_tensor=list(args.override_tensor), gpu_device=args.gpu_device,
         ctx_size=args.ctx_size, n_parallel=args.parallel, batch_size=args.ubatch_size,
         kv_dtype_bytes=args.kv_bytes, vram_budget=args.vram_budget, fit=args.fit,
-        upload_slots=args.upload_slots)
+        upload_slots=args.upload_slots, gpu_dense_dtype=args.gpu_dense_dtype)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ Rules, in llama.cpp's order and meaning (../shared/reference/llama-cpp-moe-offlo
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,11 +42,15 @@ from hybridmoe.placement.rules import (
 )
 
 
+DENSE_DTYPE_BYTES = {"stored": None, "bf16": 2, "f16": 2, "f32": 4}
+
+
 class TensorLike(Protocol):
     """What the plan reads from gguf.reader.TensorInfo."""
 
     name: str
     ggml_type: Any  # GGMLType (an IntEnum); its .name is printed
+    ne: tuple[int, ...]
     nbytes: int
 
 
@@ -68,6 +73,9 @@ class PlacementOptions:
         batches on the GPU (0 = prompt batches run their CPU experts on the CPU). One buffer is
         llama.cpp's footprint (experts stream in and are computed as they land); two let the
         next layer's upload overlap this layer's compute, for one more layer of VRAM.
+    gpu_dense_dtype: how quantized non-expert weights (Q8_0 attention, output head) sit on a GPU:
+        "stored" (kept quantized, dequantized inside the matmul) or converted once at load to
+        "bf16", "f16" or "f32". F32 tensors and experts are counted as stored either way.
     """
 
     n_gpu_layers: int | None = None
@@ -82,6 +90,7 @@ class PlacementOptions:
     vram_budget: float | None = None
     fit: bool = False
     upload_slots: int = 1
+    gpu_dense_dtype: str = "stored"
 
     def validate(self) -> None:
         checks = [
@@ -99,6 +108,9 @@ class PlacementOptions:
         for ok, msg, value in checks:
             if not ok:
                 raise PlacementError(f"{msg}, got {value}")
+        if self.gpu_dense_dtype not in DENSE_DTYPE_BYTES:
+            raise PlacementError(f"gpu_dense_dtype must be one of {', '.join(DENSE_DTYPE_BYTES)}, "
+                                 f"got {self.gpu_dense_dtype!r}")
         if isinstance(self.override_tensor, str):
             raise PlacementError("override_tensor must be a list of 'REGEX=DEVICE' strings, not a str")
 
@@ -110,8 +122,9 @@ class TensorPlacement:
     kind: str
     layer: int | None  # None for the embedding and the output-layer tensors
     type: str  # ggml type name, e.g. "MXFP4"
-    nbytes: int
+    nbytes: int  # bytes in the file
     rule: str  # which rule decided the device
+    device_bytes: int  # bytes where it lives (differs from nbytes when converted on a GPU)
 
 
 @dataclass
@@ -204,7 +217,7 @@ class Plan:
             "options": opts,
             "notes": list(self.notes),
             "tensors": [{"name": t.name, "device": t.device, "type": t.type, "bytes": t.nbytes,
-                         "kind": t.kind, "layer": t.layer, "rule": t.rule} for t in self.tensors],
+                         "device_bytes": t.device_bytes, "kind": t.kind, "layer": t.layer, "rule": t.rule} for t in self.tensors],
         }
 
 
@@ -219,6 +232,13 @@ def _override_rules(opts: PlacementOptions, n_layers: int) -> list[Rule]:
     if opts.n_cpu_moe:
         rules += n_cpu_moe_rules(min(opts.n_cpu_moe, n_layers))  # N >= n_layers == --cpu-moe
     return rules
+
+
+def _device_bytes(info: TensorLike, device: str, kind: str, opts: PlacementOptions) -> int:
+    per = DENSE_DTYPE_BYTES[opts.gpu_dense_dtype]
+    if per is None or device == CPU or kind == KIND_EXPERTS or _type_name(info.ggml_type) == "F32":
+        return int(info.nbytes)
+    return math.prod(int(d) for d in info.ne) * per
 
 
 def _assign(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOptions
@@ -242,7 +262,7 @@ def _assign(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOpti
             what = "output layer" if layer is None else f"layer {il}"
             why = f"-ngl {'all' if opts.n_gpu_layers is None else ngl}: {what} on {device}"
         out.append(TensorPlacement(name, device, kind, layer, _type_name(info.ggml_type),
-                                   int(info.nbytes), why))
+                                   int(info.nbytes), why, _device_bytes(info, device, kind, opts)))
     return out
 
 
@@ -277,7 +297,7 @@ def _account(cfg: ModelShape, tensors: list[TensorPlacement], opts: PlacementOpt
     names.append(CPU)
     weights = {d: {k: 0 for k in KINDS} for d in names}
     for t in tensors:
-        weights[t.device][t.kind] += t.nbytes
+        weights[t.device][t.kind] += t.device_bytes
     kv = {d: 0 for d in names}
     for i in range(cfg.n_layers):
         kv[attn_dev[i]] += layer_kv_bytes(cfg, i, per_slot, opts.batch_size, opts.n_parallel,
