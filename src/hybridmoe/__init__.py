@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os as _os
+import sys as _sys
+
+# Our kernels run their own thread pool beside torch's OpenMP pool; spinning OpenMP waits
+# collapse when the two (or other processes) share cores. Must be set before torch loads.
+if "torch" not in _sys.modules:
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 __version__ = "0.1.0"
 
 __all__ = ["LLM", "__version__"]
