@@ -157,10 +157,8 @@ class HarmonyParser:
             out += self._flush_pending_as_text(drop_blank=True)
             self._begin_header([], role=None)
         elif t in self._header_openers or t == self._message_id:
-            prefix = self._pending if self._pending_is_header_prefix() else []
-            if not prefix:
-                out += self._flush_pending_as_text(drop_blank=True)
-            self._pending = []
+            # Pending text is always a possible header prefix (" to=functions.f"); it joins the header.
+            prefix, self._pending = self._pending, []
             self._begin_header(prefix, role=self._role or "assistant")
             out += self._push_header(t)
         elif t in self._end_names:
