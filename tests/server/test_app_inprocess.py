@@ -135,3 +135,16 @@ def test_model_failure_is_an_error_not_a_crash(make_serving, monkeypatch):
         assert status == 500 and "simulated kernel failure" in body["error"]["message"]
         status, body = srv.request("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 3})
         assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+def test_chat_template_file_overrides_the_gguf_template(served_llm, served_model):
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}<|start|>assistant"
+    engine = Engine(served_llm, 1, 256, 0).start()
+    state = ServerState(serving=Serving(engine, served_llm, ServingConfig(model_path=served_model,
+                                                                          chat_template=template)))
+    with InProcess(state) as srv:
+        status, body = srv.request("POST", "/apply-template", {"messages": MSGS})
+        assert status == 200 and body["prompt"] == "[user] Hello\n<|start|>assistant"
+        status, body = srv.request("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})
+        assert status == 200
+        assert body["usage"]["prompt_tokens"] == len(served_llm.tokenize("[user] Hello\n<|start|>assistant"))

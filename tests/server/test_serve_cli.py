@@ -72,3 +72,19 @@ def test_missing_model_file_is_a_clear_error(tmp_path):
     args = parse(["-m", str(tmp_path / "absent.gguf")])
     with pytest.raises(SystemExit, match="model file not found"):
         serve._model_path(args)
+
+
+def test_no_model_serves_demo_or_an_honestly_random_one(tmp_path, monkeypatch):
+    import hybridmoe.engine.llm as llm_mod
+
+    monkeypatch.setattr(llm_mod, "DEMO_MODEL", tmp_path / "absent-demo.gguf")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path, is_random = serve._model_path(parse([]))
+    assert is_random and path.startswith(str(tmp_path / "cache")) and path.endswith(".gguf")
+    from hybridmoe.gguf.reader import open_model
+
+    assert open_model(path).metadata["general.architecture"] == "gpt-oss"
+    bundled = tmp_path / "demo.gguf"
+    bundled.write_bytes(b"stand-in")
+    monkeypatch.setattr(llm_mod, "DEMO_MODEL", bundled)
+    assert serve._model_path(parse([])) == (str(bundled), False)

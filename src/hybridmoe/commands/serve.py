@@ -192,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
     from hybridmoe.server.app import ServerState, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)  # e.g. "no CUDA device: ... run on the CPU" from placement
     for flag in getattr(args, "unknown_flags", []):
         if flag.startswith("-"):
             log.warning("ignoring flag %s: it has no meaning in hybridmoe", flag)
