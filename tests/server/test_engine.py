@@ -138,3 +138,23 @@ def test_length_limit_and_concurrent_submitters(llm, engine):
     for events in results.values():
         assert events[-1].finish_reason == "length"
         assert events[-1].usage.completion_tokens == 3
+
+
+def test_cache_allocation_failure_fails_only_that_request(llm, monkeypatch):
+    eng = Engine(llm, n_parallel=1, ctx_size_per_slot=256, max_queue=4, batch_size=64).start()
+    real = llm.model.make_cache
+    calls = {"n": 0}
+
+    def failing_once(max_ctx: int):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise MemoryError("no room for a KV cache")
+        return real(max_ctx)
+
+    monkeypatch.setattr(llm.model, "make_cache", failing_once)
+    p = prompts(llm, 1)[0]
+    first = list(eng.submit(GenerationRequest(p, greedy(3))))
+    assert first[-1].finish_reason == "error" and "no room" in first[-1].error
+    second = list(eng.submit(GenerationRequest(p, greedy(3))))
+    assert tokens_of(second) == llm.generate(p, max_tokens=3, temperature=0.0).token_ids
+    eng.close()

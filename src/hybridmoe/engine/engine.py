@@ -320,7 +320,13 @@ class Engine:
             prompt = handle.request.prompt_ids
             # Longest shared prefix wins; among equals the least recently used slot.
             slot = max(free, key=lambda s: (_common_prefix(s.tokens, prompt), -s.last_used))
-            self._place(slot, handle)
+            try:
+                self._place(slot, handle)
+            except Exception as e:  # e.g. no memory for a KV cache: fail this request, keep serving
+                log.exception("could not place a request on slot %d", slot.id)
+                slot.cache, slot.tokens, slot.active = None, [], None
+                handle._push(EngineEvent(finish_reason="error", error=f"{type(e).__name__}: {e}"))
+                continue
             self._n_free -= 1
 
     def _place(self, slot: _Slot, handle: RequestHandle) -> None:
