@@ -1,0 +1,19 @@
+"""Fixture for the kernel tests: force a kernel variant, restore automatic dispatch after."""
+
+from __future__ import annotations
+
+import pytest
+
+import hybridmoe.kernels as K
+
+
+@pytest.fixture
+def use_isa(request):
+    """Forces the variant named by the test's `isa` param, then restores automatic dispatch."""
+    yield lambda name: K.set_isa(name)
+    if K.available():
+        K.set_isa("auto")
+        K.set_gemv_max_tokens(8)
+        K.set_num_threads(1)
+
+

@@ -1,0 +1,227 @@
+"""Fused gpt-oss MoE layer against the float64 ground truth and kernels.reference."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import hybridmoe.kernels as K
+from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.kernels import reference
+
+from kernel_helpers import isa_params, make_experts, moe_reference64, quantized, rel_err, routing
+
+H, I = 128, 96  # small but multi-block; I != H catches transposed dims
+MOE_TOL = 1e-5  # fp32 accumulate vs float64; observed ~1e-7..1e-6
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("T,k", [(1, 1), (1, 4), (5, 1), (5, 8), (37, 4), (37, 8)])
+def test_moe_matches_float64(isa, T, k, use_isa):
+    use_isa(isa)
+    rng = np.random.default_rng()
+    ex = make_experts(rng, 16, H, I)
+    x = torch.from_numpy(rng.standard_normal((T, H), dtype=np.float32))
+    ids, w = routing(rng, T, k, 16)
+    ref = moe_reference64(x, ids, w, ex)
+    y = K.moe_forward(x, ids, w, ex)
+    assert y.shape == (T, H) and y.dtype == torch.float32
+    assert rel_err(y, ref) < MOE_TOL
+    assert rel_err(reference.moe_forward(x, ids, w, ex), ref) < MOE_TOL
+
+
+@pytest.mark.parametrize("crossover", [0, 3, 1000])
+def test_moe_gemv_tile_crossover_and_empty_experts(crossover, use_isa):
+    """Skewed routing: one expert gets every token, some get one, most none; both paths mixed."""
+    rng = np.random.default_rng()
+    K.set_gemv_max_tokens(crossover)
+    ex = make_experts(rng, 8, H, I, bias=False)
+    T = 9
+    ids = torch.zeros((T, 2), dtype=torch.int32)
+    ids[:, 1] = torch.tensor([1, 1, 1, 1, 2, 2, 3, 3, 3], dtype=torch.int32)  # expert 0: 9 tokens
+    w = torch.rand(T, 2)
+    assert rel_err(K.moe_forward(x := torch.randn(T, H), ids, w, ex), moe_reference64(x, ids, w, ex)) < MOE_TOL
+
+
+def test_moe_q8_0_experts():
+    rng = np.random.default_rng()
+    ex = make_experts(rng, 4, H, I, t=GGMLType.Q8_0)
+    x = torch.randn(3, H)
+    ids, w = routing(rng, 3, 2, 4)
+    assert rel_err(K.moe_forward(x, ids, w, ex), moe_reference64(x, ids, w, ex)) < MOE_TOL
+
+
+def test_moe_fused_gate_up_halves_strided_along_e():
+    """gate/up as the two halves of one [E, 2I, bytes] tensor: strided along E, same result."""
+    rng = np.random.default_rng()
+    ex = make_experts(rng, 6, H, I)
+    fused = np.ascontiguousarray(np.concatenate([ex.gate, ex.up], axis=1))  # [E, 2I, bytes]
+    strided = K.ExpertTensors(fused[:, :I], fused[:, I:], ex.down, ex.gate_bias, ex.up_bias, ex.down_bias,
+                              GGMLType.MXFP4)
+    assert not strided.gate.flags.c_contiguous
+    x = torch.randn(4, H)
+    ids, w = routing(rng, 4, 3, 6)
+    assert torch.equal(K.moe_forward(x, ids, w, strided), K.moe_forward(x, ids, w, ex))
+
+
+def _guarded(data: np.ndarray) -> np.ndarray:
+    """Copy of `data` whose last byte is followed by an inaccessible page: any over-read faults."""
+    page = mmap.PAGESIZE
+    n_pages = (data.nbytes + page - 1) // page + 1
+    buf = mmap.mmap(-1, n_pages * page)
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    guard = arr.__array_interface__["data"][0] + (n_pages - 1) * page
+    start = (n_pages - 1) * page - data.nbytes
+    view = arr[start : start + data.nbytes]
+    view[:] = data.reshape(-1)
+    assert libc.mprotect(guard, page, 0) == 0, os.strerror(ctypes.get_errno())  # PROT_NONE
+    return view.reshape(data.shape)
+
+
+@pytest.mark.parametrize("isa", isa_params())
+def test_tensors_ending_at_an_unreadable_page(isa, use_isa):
+    use_isa(isa)
+    rng = np.random.default_rng()
+    ex = make_experts(rng, 4, H, I)
+    g = K.ExpertTensors(_guarded(ex.gate), _guarded(ex.up), _guarded(ex.down), ex.gate_bias, ex.up_bias,
+                        ex.down_bias, GGMLType.MXFP4)
+    for T in (1, 20):  # GEMV and tile paths, all experts incl. the last (at the guard page)
+        x = torch.randn(T, H)
+        ids = torch.tensor([[3, 0]] * T, dtype=torch.int32)
+        w = torch.rand(T, 2)
+        assert torch.equal(K.moe_forward(x, ids, w, g), K.moe_forward(x, ids, w, ex))
+    wq = quantized(rng, 33, 64, GGMLType.Q8_0)
+    for T in (1, 20):
+        x = torch.randn(T, 64)
+        assert torch.equal(K.linear_q8_0(x, _guarded(wq)), K.linear_q8_0(x, wq))
+
+
+def test_tensor_at_end_of_mmapped_file(tmp_path):
+    """A file whose last bytes are the last block of the down tensor, used through np.memmap."""
+    rng = np.random.default_rng()
+    ex = make_experts(rng, 3, H, I)
+    path = tmp_path / "experts.bin"
+    with open(path, "wb") as f:
+        for a in (ex.gate, ex.up, ex.down):
+            f.write(a.tobytes())
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    n_g, n_d = ex.gate.nbytes, ex.down.nbytes
+    views = [mm[:n_g].reshape(ex.gate.shape), mm[n_g : 2 * n_g].reshape(ex.up.shape),
+             mm[2 * n_g :].reshape(ex.down.shape)]
+    assert 2 * n_g + n_d == os.path.getsize(path)
+    mapped = K.ExpertTensors(*views, ex.gate_bias, ex.up_bias, ex.down_bias, GGMLType.MXFP4)
+    x = torch.randn(2, H)
+    ids = torch.tensor([[2, 1], [2, 0]], dtype=torch.int32)
+    w = torch.rand(2, 2)
+    assert torch.equal(K.moe_forward(x, ids, w, mapped), K.moe_forward(x, ids, w, ex))
+
+
+def test_nan_propagates_never_clamped_away():
+    rng = np.random.default_rng()
+    ex = make_experts(rng, 4, H, I)
+    for T in (3, 30):  # GEMV and tile paths
+        x = torch.randn(T, H)
+        x[0, 7] = float("nan")
+        ids = torch.tensor([[0, 1]] * T, dtype=torch.int32)
+        w = torch.rand(T, 2)
+        w[1, 0] = float("nan")
+        y = K.moe_forward(x, ids, w, ex)
+        assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all()
+        assert torch.isfinite(y[2:]).all()
+    # A NaN gate bias must survive min(g, limit) and clamp(u): the clamps must not eat it.
+    gb = ex.gate_bias.clone()
+    gb[2, 5] = float("nan")
+    nan_ex = K.ExpertTensors(ex.gate, ex.up, ex.down, gb, ex.up_bias, ex.down_bias, GGMLType.MXFP4)
+    y = K.moe_forward(torch.randn(1, H), torch.tensor([[2]], dtype=torch.int32), torch.ones(1, 1), nan_ex)
+    assert torch.isnan(y).all()
+
+
+def test_swiglu_reference_values():
+    g = torch.tensor([1.0, 100.0, -100.0, 1.0, 1.0, float("nan")])
+    u = torch.tensor([0.0, 0.0, 0.0, 50.0, -50.0, 0.0])
+    a = reference.swiglu_oai(g, u)
+    assert abs(a[0].item() - 0.8457957659) < 1e-6  # gpt-oss.md §4.2 sanity value
+    assert abs(a[1].item() - 7.0 * torch.sigmoid(torch.tensor(7 * 1.702)).item()) < 1e-5  # gate capped
+    assert abs(a[2].item()) < 1e-30  # no lower clamp on the gate: sigmoid(-170) ~ 0
+    assert abs(a[3].item() - 0.8457957659 * 8) < 1e-5 and abs(a[4].item() - 0.8457957659 * -6) < 1e-5
+    assert torch.isnan(a[5])
+
+
+def test_threads_give_identical_results(use_isa):
+    rng = np.random.default_rng()
+    ex = make_experts(rng, 8, H, I)
+    x = torch.randn(19, H)
+    ids, w = routing(rng, 19, 4, 8)
+    K.set_num_threads(1)
+    one = K.moe_forward(x, ids, w, ex)
+    K.set_num_threads(2)
+    two = K.moe_forward(x, ids, w, ex)
+    fut = K.moe_forward_submit(x, ids, w, ex)
+    assert torch.equal(one, two) and torch.equal(fut.result(timeout=60), one)
+
+
+def test_bad_inputs_are_named():
+    rng = np.random.default_rng()
+    ex = make_experts(rng, 4, H, I)
+    x = torch.randn(2, H)
+    w = torch.ones(2, 1)
+    with pytest.raises(ValueError, match=r"expert_ids out of range \[0, 4\): \[4\]"):
+        K.moe_forward(x, torch.tensor([[1], [4]], dtype=torch.int32), w, ex)
+    with pytest.raises(ValueError, match="x must be"):
+        K.moe_forward(torch.randn(2, H + 32), torch.zeros(2, 1, dtype=torch.int32), w, ex)
+    with pytest.raises(ValueError, match="expert_weights"):
+        K.moe_forward(x, torch.zeros(2, 1, dtype=torch.int32), torch.ones(2, 2), ex)
+    with pytest.raises(ValueError, match="int32"):
+        K.moe_forward(x, torch.zeros(2, 1), w, ex)
+    with pytest.raises(ValueError, match="shapes differ"):
+        K.ExpertTensors(ex.gate, ex.up[:, :32], ex.down, None, None, None, GGMLType.MXFP4)
+    with pytest.raises(ValueError, match="gate_bias"):
+        bad = K.ExpertTensors(ex.gate, ex.up, ex.down, torch.zeros(4, I + 1), None, None, GGMLType.MXFP4)
+        K.moe_forward(x, torch.zeros(2, 1, dtype=torch.int32), w, bad)
+
+
+def test_set_isa_and_threads_validation():
+    with pytest.raises(ValueError, match="unknown ISA"):
+        K.set_isa("sse9")
+    with pytest.raises(ValueError, match="positive"):
+        K.set_num_threads(0)
+    if K.available():
+        for name in ("scalar", "avx2", "avx512"):
+            if not K._lib_handle.hm_isa_supported(name.encode()):
+                with pytest.raises(ValueError, match="does not support"):
+                    K.set_isa(name)
+
+
+def test_forced_variants_report_themselves(use_isa):
+    """HYBRIDMOE_ISA / set_isa really switch the code path (so the variant tests mean something)."""
+    if not K.available():
+        pytest.skip("compiled kernels not built")
+    for name in ("scalar", "avx2", "avx512"):
+        if K._lib_handle.hm_isa_supported(name.encode()):
+            K.set_isa(name)
+            assert K.isa() == name
+
+
+def test_torch_fallback_without_library():
+    code = (
+        "import torch, numpy as np, hybridmoe.kernels as K\n"
+        "from hybridmoe.gguf.constants import GGMLType\n"
+        "assert not K.available() and K.isa() == 'torch'\n"
+        "w = np.zeros((3, 34), np.uint8); w[:, 1] = 0x3c; w[:, 2:] = 1\n"  # d = 1.0, q = 1
+        "y = K.linear_q8_0(torch.ones(1, 32), w)\n"
+        "assert torch.equal(y, torch.full((1, 3), 32.0)), y\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, HYBRIDMOE_NO_KERNELS="1", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    assert "torch reference" in r.stderr  # the one-time warning
