@@ -296,7 +296,7 @@ class GptOss:
                 q_pos = positions[off : off + n].to(dev)
                 outs.append(
                     attention_with_sinks(
-                        q[off : off + n], k_all.to(q.dtype), v_all.to(q.dtype), layer.sinks,
+                        q[off : off + n], k_all, v_all, layer.sinks,
                         q_pos, k_pos, self.scale, window,
                     )
                 )

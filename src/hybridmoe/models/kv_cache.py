@@ -39,7 +39,7 @@ class SequenceKVCache:
         ring = min(max_ctx, layout.window + layout.slack)
         for layer in range(layout.n_layers):
             slots = ring if layout.sliding[layer] else max_ctx
-            shape = (slots, layout.n_kv_heads, layout.head_dim)
+            shape = (layout.n_kv_heads, slots, layout.head_dim)  # head-major: attention reads rows
             dev = layout.devices[layer]
             self._k.append(torch.zeros(shape, dtype=layout.dtype, device=dev))
             self._v.append(torch.zeros(shape, dtype=layout.dtype, device=dev))
@@ -60,31 +60,38 @@ class SequenceKVCache:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Store the chunk's keys/values (positions pos0..pos0+T-1) and return what it attends to.
 
-        Returns (k, v, k_pos): all keys the chunk's queries may see, with their absolute positions
-        (the caller masks causality and the window by position, so ring order does not matter).
+        k_new, v_new: [T, Hkv, d]. Returns (k, v, k_pos): k, v [Hkv, S, d] holding every key the
+        chunk's queries may see, with their absolute positions [S] (-1 = empty); the caller masks
+        causality and the window by position, so ring order does not matter.
         """
         T = k_new.shape[0]
         if pos0 + T > self.max_ctx:
             raise ValueError(f"context overflow: {pos0 + T} tokens > context size {self.max_ctx}")
         K, V, P = self._k[layer], self._v[layer], self._pos[layer]
-        k_new = k_new.to(K.dtype)
-        v_new = v_new.to(V.dtype)
+        k_new = k_new.transpose(0, 1).to(K.dtype)
+        v_new = v_new.transpose(0, 1).to(V.dtype)
         if P is None:
-            K[pos0 : pos0 + T] = k_new
-            V[pos0 : pos0 + T] = v_new
-            k_pos = torch.arange(pos0 + T, device=K.device)
-            return K[: pos0 + T], V[: pos0 + T], k_pos
-        new_pos = torch.arange(pos0, pos0 + T, device=K.device)
-        k_all = torch.cat((K, k_new))
-        v_all = torch.cat((V, v_new))
-        pos_all = torch.cat((P, new_pos))
-        # Older ring entries at or past pos0 belong to a rolled-back future: hide them.
-        pos_all[: P.shape[0]] = torch.where(P < pos0, P, torch.full_like(P, -1))
+            K[:, pos0 : pos0 + T] = k_new
+            V[:, pos0 : pos0 + T] = v_new
+            return K[:, : pos0 + T], V[:, : pos0 + T], torch.arange(pos0 + T, device=K.device)
         slots = P.shape[0]
+        # Older ring entries at or past pos0 belong to a rolled-back future: hide them.
+        P.masked_fill_(P >= pos0, -1)
+        new_pos = torch.arange(pos0, pos0 + T, device=K.device)
+        if T <= slots - self.layout.window + 1:
+            # Writing first overwrites nothing the chunk's first query still needs: attend the ring.
+            idx = new_pos % slots
+            K[:, idx] = k_new
+            V[:, idx] = v_new
+            P[idx] = new_pos
+            return K, V, P.clone()
+        k_all = torch.cat((K, k_new), dim=1)
+        v_all = torch.cat((V, v_new), dim=1)
+        pos_all = torch.cat((P, new_pos))
         keep = min(T, slots)
         idx = new_pos[T - keep :] % slots
-        K[idx] = k_new[T - keep :]
-        V[idx] = v_new[T - keep :]
+        K[:, idx] = k_new[:, T - keep :]
+        V[:, idx] = v_new[:, T - keep :]
         P[idx] = new_pos[T - keep :]
         return k_all, v_all, pos_all
 

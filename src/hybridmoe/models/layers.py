@@ -74,31 +74,50 @@ def attention_with_sinks(
 ) -> torch.Tensor:
     """Causal GQA attention with one learned, unscaled sink logit per query head.
 
-    q: [T, Hq, d]; k, v: [S, Hkv, d]; q_pos: [T]; k_pos: [S] absolute positions (-1 = empty slot).
+    q: [T, Hq, d]; k, v: [Hkv, S, d]; q_pos: [T]; k_pos: [S] absolute positions (-1 = empty slot).
     Query head h uses KV head h // (Hq // Hkv). A sliding window W admits keys p-W+1 .. p.
-    The sink is an extra logit column that takes probability mass but has no value.
-    Queries are processed in blocks to bound the [heads, T, S] score memory.
+    The sink is an extra logit column that takes probability mass but has no value, so
+    out = softmax-attention(q, k, v) * sigmoid(lse - sink), with lse the log-sum-exp of the
+    scaled scores. Queries are processed in blocks to bound mask/score memory.
     """
     T, Hq, d = q.shape
-    S, Hkv, _ = k.shape
+    Hkv, S, _ = k.shape
     g = Hq // Hkv
-    kt = k.permute(1, 2, 0)  # [Hkv, d, S]
-    vt = v.permute(1, 0, 2)  # [Hkv, S, d]
-    sink = sinks.float().view(Hkv, g, 1, 1)
+    sink = sinks.float().view(Hkv, g, 1)
     out = torch.empty((T, Hq, d), dtype=q.dtype, device=q.device)
+    valid = k_pos >= 0
     for t0 in range(0, T, q_block):
         t1 = min(T, t0 + q_block)
-        qb = q[t0:t1].permute(1, 0, 2).reshape(Hkv, g * (t1 - t0), d)
-        scores = torch.bmm(qb, kt).view(Hkv, g, t1 - t0, S) * scale
+        n = t1 - t0
         qp = q_pos[t0:t1, None]
-        allowed = (k_pos[None, :] <= qp) & (k_pos[None, :] >= 0)
+        allowed = (k_pos[None, :] <= qp) & valid[None, :]
         if window is not None:
             allowed &= k_pos[None, :] > qp - window
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        m = torch.maximum(scores.amax(-1, keepdim=True), sink)
-        p = torch.exp(scores - m)
-        denom = p.sum(-1, keepdim=True) + torch.exp(sink - m)
-        p = (p / denom).view(Hkv, g * (t1 - t0), S)
-        ob = torch.bmm(p, vt).view(Hkv, g, t1 - t0, d)
-        out[t0:t1] = ob.permute(2, 0, 1, 3).reshape(t1 - t0, Hq, d)
+        # GQA without copying K/V: the g query heads of a KV head become g*n query rows.
+        qb = q[t0:t1].view(n, Hkv, g, d).permute(1, 2, 0, 3).reshape(Hkv, g * n, d)
+        ob, lse = _attend(qb, k, v, allowed, g, scale)
+        ob = ob.view(Hkv, g, n, d) * torch.sigmoid(lse.view(Hkv, g, n) - sink)[..., None]
+        out[t0:t1] = ob.permute(2, 0, 1, 3).reshape(n, Hq, d).to(q.dtype)
     return out
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, g: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain softmax attention returning (out [Hkv, R, d], lse [Hkv, R]); R = g * n query rows."""
+    if q.device.type == "cpu":
+        # One fused op on the CPU (flash kernel): no [heads, n, S] score tensor, and it returns
+        # the log-sum-exp the sink correction needs.
+        mask = None
+        if not bool(allowed.all()):
+            mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
+            mask = mask.repeat(g, 1)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q[None], k[None].to(q.dtype), v[None].to(q.dtype), 0.0, False, attn_mask=mask, scale=scale
+        )
+        return out[0], lse[0]
+    scores = torch.matmul(q, k.transpose(1, 2).to(q.dtype)) * scale
+    scores = scores.masked_fill(~allowed.repeat(g, 1)[None], float("-inf"))
+    lse = torch.logsumexp(scores.float(), dim=-1)
+    p = torch.exp(scores.float() - lse[..., None]).to(v.dtype)
+    return torch.matmul(p, v), lse
