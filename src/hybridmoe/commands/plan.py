@@ -83,8 +83,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = plan.to_json()
         out["ram"]["available_bytes"] = ram
-        json.dump(out, sys.stdout, indent=1)
-        print()
+        try:
+            json.dump(out, sys.stdout, indent=1)
+            print()
+        except BrokenPipeError:  # `hybridmoe plan --json | head` is fine
+            sys.stderr.close()
         return 0
     name = mf.metadata.get("general.name", args.model)
     print(f"{name}: {cfg.n_layers} layers, {cfg.n_experts} experts (top-{cfg.n_experts_used})")
