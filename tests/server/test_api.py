@@ -90,6 +90,9 @@ def test_legacy_completions(client):
     streamed = client.completions.create(model="tiny-test", prompt="Once upon a time", max_tokens=5,
                                          temperature=0, stream=True, extra_body={"ignore_eos": True})
     assert "".join(c.choices[0].text for c in streamed if c.choices) == r.choices[0].text
+    echoed = client.completions.create(model="tiny-test", prompt="Once upon a time", max_tokens=5, temperature=0,
+                                       echo=True, extra_body={"ignore_eos": True})
+    assert echoed.choices[0].text == "Once upon a time" + r.choices[0].text
 
 
 def test_tokenize_detokenize_round_trip(server):

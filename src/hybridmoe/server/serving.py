@@ -190,9 +190,9 @@ class Serving:
         prompt = self._render(req.messages, tools, req.reasoning_effort, req.chat_template_kwargs)
         ids = self.tokenizer.encode(prompt, allow_special=True)
         k = (req.top_logprobs or 0) if req.logprobs else None
-        handle = self._submit(ids, req, req.token_limit(), k)
         view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none",
                         stop=req.stop_list())
+        handle = self._submit(ids, req, req.token_limit(), k)  # last: nothing may fail after it
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
                 "system_fingerprint": f"hybridmoe-{__version__}"}
         if req.stream:
@@ -263,13 +263,14 @@ class Serving:
             ids = self.tokenizer.encode(text, allow_special=True)
         else:
             ids = self._check_ids(req.prompt, "prompt")
+        echo = self.tokenizer.decode(ids) if req.echo else ""
         handle = self._submit(ids, req, req.max_tokens, req.logprobs)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
                 "system_fingerprint": f"hybridmoe-{__version__}"}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._completion_stream(handle, head, include_usage)
-        return await self._completion_full(handle, head, disconnected)
+            return self._completion_stream(handle, head, include_usage, echo)
+        return await self._completion_full(handle, head, disconnected, echo)
 
     def _legacy_logprobs(self, lps: list[Any]) -> dict[str, Any]:
         piece = self.tokenizer.token_text
@@ -280,8 +281,8 @@ class Serving:
         }
 
     async def _completion_full(self, handle: RequestHandle, head: dict[str, Any],
-                               disconnected: Disconnected | None) -> dict[str, Any]:
-        text, lps = [], []
+                               disconnected: Disconnected | None, echo: str) -> dict[str, Any]:
+        text, lps = [echo], []
         async for ev in _events(handle, disconnected):
             text.append(ev.text)
             if ev.logprob is not None:
@@ -299,8 +300,11 @@ class Serving:
         }
 
     async def _completion_stream(self, handle: RequestHandle, head: dict[str, Any],
-                                 include_usage: bool) -> AsyncIterator[str]:
+                                 include_usage: bool, echo: str) -> AsyncIterator[str]:
         try:
+            if echo:
+                yield _sse({**head, "object": "text_completion",
+                            "choices": [{"index": 0, "text": echo, "logprobs": None, "finish_reason": None}]})
             async for ev in handle:
                 if ev.finish_reason == "error":
                     yield _sse(APIError(500, f"generation failed: {ev.error}", type="server_error").body())
