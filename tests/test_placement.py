@@ -252,7 +252,7 @@ def test_unknown_tensor_name_is_an_error(index):
     (dict(ctx_size=-5), "ctx-size"), (dict(n_gpu_layers=-2), "-ngl"),
     (dict(vram_budget=0), "--vram-budget"), (dict(override_tensor="exps=CPU"), "list"),
     (dict(fit=True, cpu_moe=True, vram_budget=10), "--fit chooses"),
-    (dict(ctx_size=2, n_parallel=4), "slots")])
+    (dict(ctx_size=2, n_parallel=4), "slots"), (dict(gpu_device="gpu0"), "--gpu-device")])
 def test_bad_options(index, kw, msg):
     with pytest.raises(PlacementError, match=msg):
         plan_for(index, "20b", **kw)

@@ -108,6 +108,10 @@ class PlacementOptions:
         for ok, msg, value in checks:
             if not ok:
                 raise PlacementError(f"{msg}, got {value}")
+        try:
+            normalize_device(self.gpu_device)
+        except PlacementError as e:
+            raise PlacementError(f"--gpu-device: {e}") from None
         if self.gpu_dense_dtype not in DENSE_DTYPE_BYTES:
             raise PlacementError(f"gpu_dense_dtype must be one of {', '.join(DENSE_DTYPE_BYTES)}, "
                                  f"got {self.gpu_dense_dtype!r}")
