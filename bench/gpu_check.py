@@ -158,8 +158,9 @@ def fmt(v: float | None, spec: str) -> str:
 
 def print_table(rows: list[Row], title: str) -> None:
     print(f"\n{title}")
-    head = f"| {'placement':<16} | {'plan GiB Q8_0/f32':>17} | {'pp512 tok/s':>11} | {'tg128 tok/s':>11} | " \
-           f"{'peak alloc GiB':>14} | {'peak reserved GiB':>17} | {'logits rel err / top1':>21} | {'load s':>6} | note"
+    head = (f"| {'placement':<16} | {'plan GiB Q8_0/f32':>17} | {'pp512 tok/s':>11} | "
+            f"{'tg128 tok/s':>11} | {'peak alloc GiB':>14} | {'peak reserved GiB':>17} | "
+            f"{'logits rel err / top1':>21} | {'load s':>6} | note")
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|---")
     for r in rows:
@@ -222,7 +223,8 @@ def main() -> int:
     bad = [r.label for r in rows if not r.extra.get("logits", {}).get("ok", False)]
     log(f"total {time.perf_counter() - t_start:.0f} s")
     if bad:
-        print(f"FAIL: logits differ from the CPU reference beyond rel {MAX_REL_ERR} / top-1 {MIN_TOP1}: {bad}")
+        print(f"FAIL: logits differ from the CPU reference beyond rel {MAX_REL_ERR} "
+              f"/ top-1 {MIN_TOP1}: {bad}")
         return 1
     print("PASS: placed-run logits match the CPU reference")
     return 0

@@ -221,7 +221,8 @@ class Plan:
             "options": opts,
             "notes": list(self.notes),
             "tensors": [{"name": t.name, "device": t.device, "type": t.type, "bytes": t.nbytes,
-                         "device_bytes": t.device_bytes, "kind": t.kind, "layer": t.layer, "rule": t.rule} for t in self.tensors],
+                         "device_bytes": t.device_bytes, "kind": t.kind, "layer": t.layer,
+                         "rule": t.rule} for t in self.tensors],
         }
 
 

@@ -57,11 +57,12 @@ def format_plan(plan: Plan, ram_available: int | None = None) -> str:
     L = len(plan.expert_devices)
     gpu_exp = [i for i, d in enumerate(plan.expert_devices) if d != CPU]
     cpu_layers = [i for i, d in enumerate(plan.layer_devices) if d == CPU]
+    head = next((t.device for t in plan.tensors if t.name == "output.weight"), "?")
     lines += [
         "",
         f"expert layers on GPU: {len(gpu_exp)}/{L} ({_layer_ranges(gpu_exp)}); "
         f"expert layers on CPU: {L - len(gpu_exp)}/{L}; whole layers on CPU: "
-        f"{_layer_ranges(cpu_layers)}; output head on {plan.device_of('output.weight') if any(t.name == 'output.weight' for t in plan.tensors) else '?'}",
+        f"{_layer_ranges(cpu_layers)}; output head on {head}",
     ]
     r = plan.ram
     lines.append(
@@ -70,7 +71,8 @@ def format_plan(plan: Plan, ram_available: int | None = None) -> str:
         f"{r.kv_bytes / GIB:.3f} GiB + compute {r.compute_bytes / GIB:.3f} GiB = "
         f"{r.total_bytes / GIB:.3f} GiB")
     if ram_available is not None:
-        verdict = "fits" if r.total_bytes <= ram_available else "DOES NOT FIT (experts would be re-read from disk)"
+        verdict = ("fits" if r.total_bytes <= ram_available
+                   else "DOES NOT FIT (experts would be re-read from disk)")
         lines.append(f"RAM available {ram_available / GIB:.3f} GiB: {verdict}")
     lines += plan.notes
     return "\n".join(lines)
