@@ -387,6 +387,20 @@ def test_check_fits_names_the_numbers(index):
         check_fits(p, ram_available=24 * GIB)
 
 
+# --- the model consumes the plan -------------------------------------------------------------
+def test_model_runs_under_a_cpu_plan_with_identical_logits(tiny_gguf):
+    # Every device is `cpu` here (no CUDA), so this checks that the model asks the plan only for
+    # names it has, and that a plan-driven load computes the same logits as the default one.
+    from hybridmoe import LLM
+
+    ids = list(range(1, 40))
+    ref = LLM(tiny_gguf, threads=1).logits(ids)
+    got = LLM(tiny_gguf, threads=1, gpu_device="cpu", n_cpu_moe=2,
+              override_tensor=[r"blk\.3\.attn_q=cpu"]).logits(ids)
+    assert got.shape == ref.shape
+    assert abs(got - ref).max() <= 1e-5 * max(1.0, abs(ref).max())
+
+
 # --- output ----------------------------------------------------------------------------------
 def test_json_has_the_contract_schema(index):
     p = plan_for(index, "120b", cpu_moe=True)

@@ -309,7 +309,8 @@ def _account(cfg: ModelShape, tensors: list[TensorPlacement], opts: PlacementOpt
                                           opts.kv_dtype_bytes)
     cpu_expert_bytes = [0] * cfg.n_layers
     for t in tensors:
-        if t.kind == KIND_EXPERTS and t.device == CPU and t.layer is not None:
+        if t.kind == KIND_EXPERTS and t.device == CPU and t.layer is not None \
+                and t.layer < cfg.n_layers:
             cpu_expert_bytes[t.layer] += t.nbytes
 
     devices = {}
