@@ -1,0 +1,199 @@
+"""Train the demo model: transformers' GptOssForCausalLM on the CPU, on a time budget.
+
+Architecture (gpt-oss in miniature): hidden 256, 4 layers alternating sliding window 128 / full
+attention, 4 query heads x head_dim 64, 2 KV heads, attention sinks, 8 experts top-2 with
+intermediate 256, YaRN RoPE exactly as gpt-oss (factor 32, original 4096, beta 32/1, no truncate).
+
+The learning rate follows a *time-based* schedule (linear warm-up, then cosine to 10% of the peak at
+--minutes), so the run ends on time whatever the machine's load. A checkpoint (model + optimizer) is
+written to demo/work/ckpt.pt every --ckpt-minutes and at the end; --resume continues one. Progress
+goes to demo/work/train_log.jsonl; the final model is saved with save_pretrained to demo/work/final/.
+
+Run:  OMP_NUM_THREADS=2 nohup nice -n 19 python demo/train.py --minutes 60 &
+      python demo/train.py --bench 60      # measure tokens/s only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from transformers import GptOssConfig, GptOssForCausalLM
+
+WORK = Path(__file__).resolve().parent / "work"
+EOT = "<|endoftext|>"  # separates packed documents
+
+
+def model_config(vocab_size: int) -> GptOssConfig:
+    return GptOssConfig(
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        num_local_experts=8, num_experts_per_tok=2, sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        max_position_embeddings=4096,  # trained at 512; 4096 is YaRN's original length
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+        router_aux_loss_coef=0.01, output_router_logits=True, tie_word_embeddings=False,
+        bos_token_id=0, pad_token_id=1, eos_token_id=2, use_cache=False,
+    )
+
+
+def load_tokens(split: str, tok: Tokenizer) -> np.ndarray:
+    """The split as one uint16 stream of documents joined by <|endoftext|> (cached as .npy)."""
+    cache = WORK / f"tokens_{split}.npy"
+    if cache.exists() and cache.stat().st_mtime > (WORK / "tokenizer.json").stat().st_mtime:
+        return np.load(cache)
+    texts = [json.loads(line)["text"] for line in open(WORK / "corpus" / f"{split}.jsonl")]
+    eot = tok.token_to_id(EOT)
+    ids: list[int] = []
+    for enc in tok.encode_batch(texts):
+        ids += enc.ids
+        ids.append(eot)
+    arr = np.asarray(ids, dtype=np.uint16)
+    np.save(cache, arr)
+    return arr
+
+
+def val_windows(val: np.ndarray, seq: int, max_windows: int) -> torch.Tensor:
+    n = min(max_windows, (len(val) - 1) // seq)
+    step = (len(val) - 1) // n
+    return torch.stack([torch.from_numpy(val[i * step:i * step + seq].astype(np.int64)) for i in range(n)])
+
+
+@torch.no_grad()
+def evaluate(model: GptOssForCausalLM, windows: torch.Tensor, batch: int = 8) -> float:
+    """Mean next-token cross entropy (nats) over the windows, without the router aux loss."""
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(windows), batch):
+        x = windows[i:i + batch]
+        logits = model(input_ids=x).logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                                                 reduction="sum")
+        total += loss.item()
+        count += x[:, 1:].numel()
+    model.train()
+    return total / count
+
+
+def lr_at(frac: float, step: int, peak: float, warmup_steps: int) -> float:
+    """Linear warm-up over steps, then cosine over the elapsed fraction of the time budget."""
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        # matrices and expert tensors decay; norms, biases, sinks do not
+        (decay if p.dim() >= 2 and "bias" not in name else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def log(entry: dict) -> None:
+    print(json.dumps(entry), flush=True)
+    with open(WORK / "train_log.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=60.0)
+    ap.add_argument("--bench", type=float, default=0.0, help="only measure tokens/s for this many seconds")
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup-steps", type=int, default=50)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--ckpt-minutes", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=20261202)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    ap.add_argument("--resume", action="store_true")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    tok = Tokenizer.from_file(str(WORK / "tokenizer.json"))
+    train, val = load_tokens("train", tok), load_tokens("val", tok)
+    windows = val_windows(val, args.seq, 48)
+    model = GptOssForCausalLM._from_config(model_config(tok.get_vocab_size()), attn_implementation="eager")
+    model.train()
+    opt = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    gen = torch.Generator().manual_seed(args.seed)
+    step, elapsed0, tokens_seen = 0, 0.0, 0
+    if args.resume:
+        ck = torch.load(WORK / "ckpt.pt", weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        gen.set_state(ck["gen"])
+        step, elapsed0, tokens_seen = ck["step"], ck["elapsed"], ck["tokens"]
+    budget = (args.bench or args.minutes * 60.0)
+    n_params = sum(p.numel() for p in model.parameters())
+    if not args.bench:
+        log({"event": "start", "seed": args.seed, "params": n_params, "train_tokens": int(len(train)),
+             "val_tokens": int(len(val)), "val_eval_tokens": int(windows.numel()), "args": vars(args),
+             "torch": torch.__version__, "resume_step": step})
+    t0 = time.time() - elapsed0
+    last_ckpt = time.time()
+    seq, batch = args.seq, args.batch
+    bench_start = None
+    while True:
+        elapsed = time.time() - t0
+        if elapsed >= budget:
+            break
+        lr = lr_at(elapsed / budget, step, args.lr, args.warmup_steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        starts = torch.randint(0, len(train) - seq - 1, (batch,), generator=gen)
+        x = torch.stack([torch.from_numpy(train[s:s + seq].astype(np.int64)) for s in starts.tolist()])
+        out = model(input_ids=x, labels=x)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens_seen += x.numel()
+        if step == 3:
+            bench_start = (time.time(), tokens_seen)
+        if step % 25 == 0:
+            ce = out.loss.item() - model.config.router_aux_loss_coef * out.aux_loss.item()
+            rate = (tokens_seen - bench_start[1]) / (time.time() - bench_start[0]) if bench_start else 0.0
+            entry = {"step": step, "min": round((time.time() - t0) / 60, 2), "tokens": tokens_seen,
+                     "loss": round(ce, 4), "aux": round(out.aux_loss.item(), 4), "lr": round(lr, 6),
+                     "gnorm": round(float(gnorm), 3), "tok_s": round(rate)}
+            if args.bench:
+                print(json.dumps(entry), flush=True)
+            else:
+                log(entry)
+        if not args.bench and time.time() - last_ckpt >= args.ckpt_minutes * 60:
+            save_checkpoint(model, opt, gen, step, time.time() - t0, tokens_seen)
+            log({"event": "eval", "step": step, "min": round((time.time() - t0) / 60, 2), "tokens": tokens_seen,
+                 "val_loss": round(evaluate(model, windows), 4)})
+            last_ckpt = time.time()
+    if args.bench:
+        rate = (tokens_seen - bench_start[1]) / (time.time() - bench_start[0])
+        print(f"threads={args.threads} steps={step} tokens/s={rate:.0f}")
+        return
+    save_checkpoint(model, opt, gen, step, time.time() - t0, tokens_seen)
+    val_loss = evaluate(model, windows)
+    model.save_pretrained(WORK / "final")
+    log({"event": "end", "step": step, "min": round((time.time() - t0) / 60, 2), "tokens": tokens_seen,
+         "val_loss": round(val_loss, 4), "seed": args.seed})
+
+
+def save_checkpoint(model, opt, gen, step: int, elapsed: float, tokens: int) -> None:
+    tmp = WORK / "ckpt.pt.tmp"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), "step": step,
+                "elapsed": elapsed, "tokens": tokens}, tmp)
+    os.replace(tmp, WORK / "ckpt.pt")
+
+
+if __name__ == "__main__":
+    main()

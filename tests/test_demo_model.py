@@ -1,0 +1,163 @@
+"""The embedded demo model (src/hybridmoe/data/demo.gguf, built by demo/): the engine against
+transformers on the same weights, on held-out text, plus the file's tokenizer and chat behaviour.
+
+transformers' GptOssForCausalLM is rebuilt from the GGUF itself (every tensor dequantized, gate/up
+re-interleaved), so the comparison needs nothing from demo/work/.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hybridmoe.gguf.reader import open_model
+from hybridmoe.quant.formats import dequantize
+from hybridmoe.tokenizer.chat_template import render_chat
+from hybridmoe.tokenizer.tokenizer import Tokenizer
+
+DEMO = Path(__file__).resolve().parent.parent / "src" / "hybridmoe" / "data" / "demo.gguf"
+DATA = Path(__file__).resolve().parent / "data"
+WINDOW = 512  # the training sequence length
+
+pytestmark = pytest.mark.skipif(not DEMO.exists(), reason="demo.gguf not built yet (see demo/README.md)")
+
+
+def _llm_class():
+    try:
+        from hybridmoe.engine.llm import LLM
+    except ImportError as e:  # pragma: no cover - only while the engine is missing
+        pytest.skip(f"hybridmoe.engine.llm is not importable: {e}")
+    return LLM
+
+
+# ---------------------------------------------------------------- GGUF -> transformers
+
+
+def _tensor(mf, name: str) -> torch.Tensor:
+    info = mf.tensors[name]
+    arr = mf.array(name) if info.ggml_type.name in ("F32", "F16") else dequantize(mf.raw(name), info.ggml_type)
+    return torch.from_numpy(np.array(arr, dtype=np.float32).reshape(info.shape))
+
+
+def hf_from_gguf(path: Path):
+    """A transformers GptOssForCausalLM holding exactly the (dequantized) weights of the GGUF."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    mf = open_model(path)
+    m, a = mf.metadata, "gpt-oss"
+    n_layers = m[f"{a}.block_count"]
+    cfg = GptOssConfig(
+        vocab_size=len(m["tokenizer.ggml.tokens"]), hidden_size=m[f"{a}.embedding_length"],
+        intermediate_size=m[f"{a}.expert_feed_forward_length"], num_hidden_layers=n_layers,
+        num_attention_heads=m[f"{a}.attention.head_count"], num_key_value_heads=m[f"{a}.attention.head_count_kv"],
+        head_dim=m[f"{a}.attention.key_length"], num_local_experts=m[f"{a}.expert_count"],
+        num_experts_per_tok=m[f"{a}.expert_used_count"], sliding_window=m[f"{a}.attention.sliding_window"],
+        max_position_embeddings=m[f"{a}.context_length"], rms_norm_eps=m[f"{a}.attention.layer_norm_rms_epsilon"],
+        rope_parameters={"rope_type": "yarn", "rope_theta": m[f"{a}.rope.freq_base"],
+                         "factor": m[f"{a}.rope.scaling.factor"],
+                         "original_max_position_embeddings": m[f"{a}.rope.scaling.original_context_length"],
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
+        tie_word_embeddings=False,
+    )
+    t = lambda name: _tensor(mf, name)  # noqa: E731
+    sd = {"model.embed_tokens.weight": t("token_embd.weight"), "model.norm.weight": t("output_norm.weight"),
+          "lm_head.weight": t("output.weight")}
+    for i in range(n_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        sd[p + "input_layernorm.weight"] = t(b + "attn_norm.weight")
+        sd[p + "post_attention_layernorm.weight"] = t(b + "post_attention_norm.weight")
+        for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+            sd[p + f"self_attn.{hf}.weight"] = t(b + gg + ".weight")
+            sd[p + f"self_attn.{hf}.bias"] = t(b + gg + ".bias")
+        sd[p + "self_attn.sinks"] = t(b + "attn_sinks.weight")
+        sd[p + "mlp.router.weight"] = t(b + "ffn_gate_inp.weight")
+        sd[p + "mlp.router.bias"] = t(b + "ffn_gate_inp.bias")
+        gate, up = t(b + "ffn_gate_exps.weight"), t(b + "ffn_up_exps.weight")  # [E, I, H]
+        gu = torch.stack([gate, up], dim=2).flatten(1, 2)  # [E, 2I, H], rows gate0, up0, gate1, ...
+        sd[p + "mlp.experts.gate_up_proj"] = gu.transpose(1, 2).contiguous()  # HF [E, H, 2I]
+        sd[p + "mlp.experts.gate_up_proj_bias"] = torch.stack(
+            [t(b + "ffn_gate_exps.bias"), t(b + "ffn_up_exps.bias")], dim=-1).flatten(1)
+        sd[p + "mlp.experts.down_proj"] = t(b + "ffn_down_exps.weight").transpose(1, 2).contiguous()  # [E, I, H]
+        sd[p + "mlp.experts.down_proj_bias"] = t(b + "ffn_down_exps.bias")
+    model = GptOssForCausalLM._from_config(cfg, attn_implementation="eager")
+    model.load_state_dict(sd, strict=True)
+    return model.eval()
+
+
+def mean_nll(logits: np.ndarray, ids: list[int]) -> float:
+    """Mean next-token negative log-likelihood of ids[1:] under logits[:-1] (float64)."""
+    x = logits[:-1].astype(np.float64)
+    lse = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1)
+    return float((lse - x[np.arange(len(x)), ids[1:]]).mean())
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def meta():
+    return open_model(DEMO).metadata
+
+
+@pytest.fixture(scope="module")
+def heldout_ids(meta):
+    tok = Tokenizer.from_metadata(meta)
+    return tok.encode((DATA / "demo_heldout.txt").read_text("utf-8"))
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return _llm_class()(DEMO, threads=2)
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_file_is_small_and_quantized_as_documented():
+    assert DEMO.stat().st_size <= 12 * 1024 * 1024
+    mf = open_model(DEMO)
+    types = {name: info.ggml_type.name for name, info in mf.tensors.items()}
+    assert {types[n] for n in types if "_exps.weight" in n} == {"MXFP4"}
+    assert types["token_embd.weight"] == types["output.weight"] == "BF16"
+    assert types["blk.0.ffn_gate_inp.weight"] == "F32"
+
+
+def test_tokenizer_matches_the_trained_one(meta, heldout_ids):
+    # demo_heldout_ids.json was written by demo/export.py with the `tokenizers` object used for training.
+    expected = json.loads((DATA / "demo_heldout_ids.json").read_text())
+    assert heldout_ids == expected
+    assert meta["tokenizer.ggml.pre"] == "gpt-4o"
+    tok = Tokenizer.from_metadata(meta)
+    assert tok.eos_id == tok.token_id("<|return|>")
+    for name in ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>"):
+        assert tok.is_special(tok.token_id(name)), name
+
+
+def test_engine_loss_matches_transformers_on_heldout_text(llm, heldout_ids):
+    hf = hf_from_gguf(DEMO)
+    n = (len(heldout_ids) // WINDOW) * WINDOW
+    assert n >= 2 * WINDOW, "held-out sample too short"
+    ours, ref = [], []
+    for s in range(0, n, WINDOW):
+        ids = heldout_ids[s:s + WINDOW]
+        ours.append(mean_nll(llm.logits(ids), ids))
+        with torch.no_grad():
+            ref.append(mean_nll(hf(torch.tensor([ids])).logits[0].float().numpy(), ids))
+    ours_loss, ref_loss = float(np.mean(ours)), float(np.mean(ref))
+    assert abs(ours_loss - ref_loss) <= 1e-3 * ref_loss, (ours_loss, ref_loss)
+    # A trained model, not random weights: far below log(vocab) = 8.3 nats.
+    assert ref_loss < 6.0, ref_loss
+
+
+def test_chat_replies_end_by_themselves(llm, meta):
+    prompts = ["Hello! Who are you?", "What is a cat?", "Tell me about the sea."]
+    for p in prompts:
+        text = render_chat(meta["tokenizer.chat_template"], [{"role": "user", "content": p}],
+                           add_generation_prompt=True, current_date="2026-01-01")
+        res = llm.generate(text, max_tokens=200, temperature=0.0)
+        assert res.finish_reason == "stop", (p, res.text)
+        assert res.text.startswith("<|channel|>final<|message|>"), res.text
