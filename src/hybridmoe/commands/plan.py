@@ -1,6 +1,7 @@
 """`hybridmoe plan`: print where every tensor goes and what each device needs, before loading.
 
-Takes the same placement flags as `hybridmoe serve` (llama-server's names). Reads only the GGUF
+Takes the same placement flags as `hybridmoe serve` (llama-server's names) and the same defaults
+for -c, --parallel and -ub, so a plain `plan` predicts a plain `serve`. Reads only the GGUF
 header; runs on a machine without a GPU (the CUDA device is then hypothetical, sized by
 --vram-budget). torch is imported only to query free VRAM for --fit without --vram-budget.
 """
@@ -40,9 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--n-cpu-moe", "-ncmoe", type=int, default=0, help="experts of layers 0..N-1 on the CPU")
     a("-ot", "--override-tensor", action="append", default=[],
       help="REGEX=DEVICE[,...] (repeatable; first match wins; beats --cpu-moe/--n-cpu-moe)")
-    a("-c", "--ctx-size", type=int, default=4096,
+    a("-c", "--ctx-size", type=int, default=0,
       help="total context, split across slots (0 = the model's)")
-    a("-np", "--parallel", type=int, default=1, help="slots (concurrent sequences)")
+    a("-np", "--parallel", type=int, default=4, help="slots (concurrent sequences)")
     a("-ub", "--ubatch-size", type=int, default=512, help="tokens per forward step")
     a("--kv-bytes", type=float, default=2.0, help="bytes per cached K/V value (2 = f16)")
     a("--upload-slots", type=int, default=1,
