@@ -62,20 +62,31 @@ def make_timings(prompt_n: int, prompt_s: float, predicted_n: int, predicted_s: 
     }
 
 
-def _placement(model_file: Any, options: dict[str, Any]) -> Any:
-    """Build the placement plan from llama.cpp-style options; None = everything on the CPU."""
-    if not any(v not in (None, False, 0, [], ()) for v in options.values()):
+_GPU_INTENT_KEYS = ("n_gpu_layers", "cpu_moe", "n_cpu_moe", "override_tensor", "fit", "vram_budget")
+
+
+def _placement(model_file: Any, options: dict[str, Any], ctx_size: int) -> Any:
+    """Build the placement plan from llama.cpp-style options, before any weight is loaded.
+
+    Returns None (everything on the CPU) when there is no CUDA device. With CUDA, the default
+    is llama.cpp's: every layer on the GPU; `cpu_moe`/`n_cpu_moe`/`override_tensor` keep
+    experts in RAM. A plan that cannot fit in VRAM or RAM is refused with the numbers.
+    """
+    opts = {k: v for k, v in options.items() if v is not None}
+    if not torch.cuda.is_available():
+        if any(opts.get(k) not in (None, False, 0, [], ()) for k in _GPU_INTENT_KEYS if k != "cpu_moe"):
+            log.warning("no CUDA device: every tensor runs on the CPU (placement options ignored)")
         return None
     from hybridmoe.models.gpt_oss import GptOssConfig
-    from hybridmoe.placement.plan import PlacementOptions, make_plan
+    from hybridmoe.placement.memory import available_ram_bytes
+    from hybridmoe.placement.plan import PlacementOptions, check_fits, make_plan, resolve_vram_budget
+    from hybridmoe.placement.report import format_plan
 
     cfg = GptOssConfig.from_metadata(model_file.metadata)
-    plan = make_plan(cfg, model_file.tensors, PlacementOptions(**options))
-    if not torch.cuda.is_available():
-        gpu = {plan.device_of(n) for n in model_file.tensors} - {"cpu"}
-        if gpu:
-            warnings.warn(f"no CUDA device: tensors planned for {sorted(gpu)} run on the CPU", stacklevel=3)
-            return None
+    popts = PlacementOptions(ctx_size=ctx_size, **opts)
+    plan = make_plan(cfg, model_file.tensors, popts)
+    log.info("placement plan:\n%s", format_plan(plan))
+    check_fits(plan, resolve_vram_budget(popts), available_ram_bytes())
     return plan
 
 
@@ -102,10 +113,11 @@ class LLM:
         t0 = time.perf_counter()
         self.file = open_model(self.path)
         self.tokenizer = Tokenizer.from_metadata(self.file.metadata)
-        self.model = GptOss(self.file, _placement(self.file, placement_options), progress=progress)
-        self.config = self.model.config
         if ctx_size < 0:
             raise ValueError(f"ctx_size must be >= 0, got {ctx_size}")
+        plan = _placement(self.file, placement_options, ctx_size)
+        self.model = GptOss(self.file, plan, progress=progress)
+        self.config = self.model.config
         self.ctx_size = ctx_size or self.config.context_length
         self.batch_size = max(1, batch_size)
         self.load_seconds = time.perf_counter() - t0
