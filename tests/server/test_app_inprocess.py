@@ -114,7 +114,8 @@ def test_non_stream_disconnect_frees_slot(make_serving):
         while engine.status()["slots"][0]["is_processing"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not engine.status()["slots"][0]["is_processing"]
-        assert engine.metrics.tokens_predicted_total < 230  # stopped early, not run to the end
+        # Stopped soon after the disconnect (a middleware that hides it let ~160 tokens run).
+        assert engine.metrics.tokens_predicted_total < 115
 
 
 def test_model_failure_is_an_error_not_a_crash(make_serving, monkeypatch):

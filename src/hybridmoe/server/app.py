@@ -57,18 +57,33 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
+class _ApiKeyMiddleware:
+    """401 unless `Authorization: Bearer KEY` (or `x-api-key`) matches; /health stays open.
+
+    Plain ASGI rather than `@app.middleware`: it passes `receive` through untouched, so handlers
+    see a client disconnect at once."""
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.state.api_keys and scope["path"] not in PUBLIC_PATHS:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            auth = headers.get("authorization", "")
+            key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
+            if not any(hmac.compare_digest(key.encode(), k.encode()) for k in self.state.api_keys):
+                err = APIError(401, "Invalid API Key", type="authentication_error", code="invalid_api_key")
+                await _error(err)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="hybridmoe", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hm = state
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Any:
-        if state.api_keys and request.url.path not in PUBLIC_PATHS:
-            header = request.headers.get("authorization", "")
-            key = header[7:].strip() if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-            if not any(hmac.compare_digest(key.encode(), k.encode()) for k in state.api_keys):
-                return _error(APIError(401, "Invalid API Key", type="authentication_error", code="invalid_api_key"))
-        return await call_next(request)
+    app.add_middleware(_ApiKeyMiddleware, state=state)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -119,16 +134,17 @@ def create_app(state: ServerState) -> FastAPI:
         result = await serving().completion(req, request.is_disconnected)
         return _respond(result)
 
+    # Plain `def`: FastAPI runs these in its thread pool, off the event loop.
     @app.post("/tokenize")
-    async def tokenize(req: TokenizeRequest) -> Any:
+    def tokenize(req: TokenizeRequest) -> Any:
         return serving().tokenize(req)
 
     @app.post("/detokenize")
-    async def detokenize(req: DetokenizeRequest) -> Any:
+    def detokenize(req: DetokenizeRequest) -> Any:
         return serving().detokenize(req)
 
     @app.post("/apply-template")
-    async def apply_template(req: ApplyTemplateRequest) -> Any:
+    def apply_template(req: ApplyTemplateRequest) -> Any:
         return serving().apply_template(req)
 
     @app.get("/props")

@@ -117,6 +117,10 @@ class Serving:
         except ChatTemplateError as e:  # raise_exception in the template, bad roles: the request's fault
             raise bad_request(f"chat template failed: {e}", param="messages") from None
 
+    def _chat_prompt_ids(self, messages: list[ChatMessage], tools: list[Tool] | None, effort: str | None,
+                         kwargs: dict[str, Any] | None) -> list[int]:
+        return self.tokenizer.encode(self._render(messages, tools, effort, kwargs), allow_special=True)
+
     def _sampling(self, req: SamplingFields, n_prompt: int, limit: int | None, logprobs_k: int | None) -> SamplingParams:
         d = self.config.defaults
         room = self.engine.ctx_size_per_slot - n_prompt
@@ -187,8 +191,9 @@ class Serving:
                    disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
         self._check_model(req.model)
         tools = None if req.tool_choice == "none" else req.tools
-        prompt = self._render(req.messages, tools, req.reasoning_effort, req.chat_template_kwargs)
-        ids = self.tokenizer.encode(prompt, allow_special=True)
+        # Rendering and tokenizing a long conversation takes a while: keep the event loop free.
+        ids = await asyncio.to_thread(self._chat_prompt_ids, req.messages, tools, req.reasoning_effort,
+                                      req.chat_template_kwargs)
         k = (req.top_logprobs or 0) if req.logprobs else None
         view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none",
                         stop=req.stop_list())
@@ -260,7 +265,7 @@ class Serving:
         self._check_model(req.model)
         if isinstance(req.prompt, str) or isinstance(req.prompt[0], str):
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-            ids = self.tokenizer.encode(text, allow_special=True)
+            ids = await asyncio.to_thread(self.tokenizer.encode, text, True)
         else:
             ids = self._check_ids(req.prompt, "prompt")
         echo = self.tokenizer.decode(ids) if req.echo else ""
