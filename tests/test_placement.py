@@ -432,7 +432,8 @@ def test_cli_json_table_fit_and_errors(sparse_files, capsys):
     assert rc == 0, err
     data = json.loads(out)
     assert set(data["devices"]) == {"cuda:0", "cpu"}
-    assert data["devices"]["cuda:0"]["kv_bytes"] == kv_bytes(36, 131072)
+    # serve's defaults: -c 0 = 131072 tokens split over -np 4 slots
+    assert data["devices"]["cuda:0"]["kv_bytes"] == kv_bytes(36, 32768, n_parallel=4)
     assert {"name", "device", "type", "bytes"} <= set(data["tensors"][0])
     rc, out, err = _run_cli(capsys, sparse_files["120b"], "--fit", "--vram-budget", "24")
     assert rc == 0, err
