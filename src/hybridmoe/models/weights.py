@@ -1,9 +1,15 @@
 """Weight holders shared by model files: dense linears and a layer's routed experts.
 
-Dense tensors are converted once to float32 on their device, except Q8_0 tensors on the CPU
-when the C kernels are built: those stay quantized in the mmap and use the streaming GEMV.
-Expert tensors always stay in the mmap on the CPU (zero copy); on an accelerator they are
-uploaded as raw blocks and decoded per expert when hit.
+Dense weights: on the CPU, Q8_0 stays quantized in the mmap and runs through the C GEMV (exact
+float32 arithmetic); other types become float32. On an accelerator, quantized weights are
+converted once to a compute dtype, bf16 by default (120b attention: 0.95 GiB Q8_0, 1.78 GiB
+bf16, 3.6 GiB f32 -- f32 would break a ~5 GB VRAM budget), or kept as raw blocks ("stored") and
+decoded in row chunks per call. F32 tensors stay float32 everywhere.
+
+Experts: on the CPU they stay in the mmap (zero copy) and run through the C kernels, also when
+the activations live on an accelerator (offload.HostExperts: pinned staging, or streaming the hit
+experts for large prompt batches). On an accelerator their raw blocks are uploaded once and
+decoded per hit expert (device_experts.ResidentExperts).
 """
 
 from __future__ import annotations
@@ -14,7 +20,14 @@ import torch
 from hybridmoe import kernels
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.gguf.reader import ModelFile
+from hybridmoe.models.device_experts import RawExperts, ResidentExperts
+from hybridmoe.models.offload import HostExperts, OffloadOptions
 from hybridmoe.quant.torch_dequant import dequantize_torch
+
+DENSE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+_FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+_CHUNK_BYTES = 64 << 20  # decoded bytes per row chunk (conversion and stored-mode matmuls)
+_PROGRESS_MIN_BYTES = 256 << 20  # conversions this large (the output head) get a progress bar
 
 
 def _to_torch(arr: np.ndarray) -> torch.Tensor:
@@ -34,29 +47,119 @@ def load_f32(mf: ModelFile, name: str, device: torch.device | str = "cpu") -> to
     return t.reshape(info.shape).to(device)
 
 
-class DenseLinear:
-    """y = x @ W^T + b for a [out, in] GGUF matrix."""
+def _row_chunks(n_rows: int, row_elems: int, elem_bytes: int) -> list[tuple[int, int]]:
+    step = max(1, _CHUNK_BYTES // max(1, row_elems * elem_bytes))
+    return [(r, min(n_rows, r + step)) for r in range(0, n_rows, step)]
 
-    def __init__(self, mf: ModelFile, weight: str, bias: str | None, device: torch.device):
+
+def convert_rows(raw: np.ndarray, t: GGMLType, dtype: torch.dtype, device: torch.device,
+                 label: str = "") -> torch.Tensor:
+    """uint8 [N, row_bytes] of type t -> dtype [N, K] on `device`, decoded there chunk by chunk
+    (bounded transient memory: a 1 GiB output head never exists as float32)."""
+    n, K = raw.shape[0], dequantize_torch(torch.from_numpy(np.array(raw[:1])), t).shape[-1]
+    out = torch.empty((n, K), dtype=dtype, device=device)
+    chunks = _row_chunks(n, K, 4)
+    if n * K * out.element_size() >= _PROGRESS_MIN_BYTES:
+        from tqdm import tqdm
+
+        chunks = tqdm(chunks, desc=f"converting {label} to {dtype}", unit="chunk", leave=False, disable=None)
+    for r0, r1 in chunks:
+        part = torch.from_numpy(np.array(raw[r0:r1])).to(device)
+        out[r0:r1] = dequantize_torch(part, t).to(dtype)
+    return out
+
+
+def upload_rows(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A (possibly strided, read-only mmap) array -> contiguous tensor on `device`, copied in
+    first-axis chunks so no second full-size host copy exists."""
+    out = torch.empty(a.shape, dtype=torch.from_numpy(a[:0].copy()).dtype, device=device)
+    row = int(np.prod(a.shape[1:])) * a.itemsize
+    step = max(1, _CHUNK_BYTES // max(1, row))
+    for r in range(0, a.shape[0], step):
+        out[r : r + step].copy_(torch.from_numpy(np.array(a[r : r + step])))
+    return out
+
+
+def _default_dense_dtype(device: torch.device, t: GGMLType) -> str:
+    if device.type == "cpu":
+        return "stored" if t == GGMLType.Q8_0 and kernels.available() else "f32"
+    return "bf16"
+
+
+class DenseLinear:
+    """y = x @ W^T + b for a [out, in] GGUF matrix; float32 in and out whatever W's dtype.
+
+    dtype: None (CPU: Q8_0 in place through the C GEMV, exact; accelerator: "bf16"), "stored"
+    (raw blocks, decoded per call in row chunks), or "bf16" / "f16" / "f32" converted once.
+    kernel=False keeps "stored" Q8_0 on the CPU off the C GEMV (the accelerator code path; tests).
+    Expected error of bf16: input rows and W rounded to 8 mantissa bits, float32 accumulation:
+    ~0.3% relative per matmul. Through a model it grows, mostly where a token's top-k expert
+    choice flips: on the tiny random model, logits 0.12 relative overall, 0.035 median per token
+    (tests/test_device_paths.py); "f32" matches the C kernels to ~5e-7.
+    """
+
+    def __init__(self, mf: ModelFile, weight: str, bias: str | None, device: torch.device,
+                 dtype: str | None = None, *, kernel: bool = True):
         info = mf.tensors[weight]
+        device = torch.device(device)
         self.name = weight
         self.out_features, self.in_features = info.shape[0], info.shape[-1] if len(info.shape) == 2 else None
         self.bias = load_f32(mf, bias, device) if bias else None
-        self.raw: np.ndarray | None = None
+        mode = dtype or _default_dense_dtype(device, info.ggml_type)
+        if mode != "stored" and mode not in DENSE_DTYPES:
+            raise ValueError(f"dense dtype must be 'stored' or one of {', '.join(DENSE_DTYPES)}, got {mode!r}")
+        self.mode = mode
+        self.raw: np.ndarray | None = None  # CPU mmap view for the C kernel
+        self.raw_dev: torch.Tensor | None = None  # raw blocks on the device ("stored")
         self.weight: torch.Tensor | None = None
-        if device.type == "cpu" and info.ggml_type == GGMLType.Q8_0 and kernels.available():
+        self.ggml_type = info.ggml_type
+        if info.ggml_type in _FLOAT_TYPES:
+            # F32 stays exact; half types are already 2 bytes and need no decode.
+            want = torch.float32 if info.ggml_type == GGMLType.F32 else DENSE_DTYPES.get(mode, torch.float32)
+            self.weight = load_f32(mf, weight, device).to(want)
+        elif (mode == "stored" and kernel and device.type == "cpu" and info.ggml_type == GGMLType.Q8_0
+              and kernels.available()):
             self.raw = mf.raw(weight)  # stays in the page cache; read in place by the kernel
+        elif mode == "stored":
+            self.raw_dev = upload_rows(mf.raw(weight), device)
+            self.compute_dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
         else:
-            self.weight = load_f32(mf, weight, device)
+            self.weight = convert_rows(mf.raw(weight), info.ggml_type, DENSE_DTYPES[mode], device, weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.raw is not None:
             return kernels.linear_q8_0(x.contiguous(), self.raw, self.bias)
-        return torch.nn.functional.linear(x, self.weight, self.bias)
+        if self.raw_dev is not None:
+            y = self._stored_matmul(x)
+        elif self.weight.dtype == torch.float32:
+            return torch.nn.functional.linear(x.float(), self.weight, self.bias)
+        else:
+            y = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).float()
+        return y + self.bias if self.bias is not None else y
+
+    def _stored_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.raw_dev.shape[0]
+        xc = x.to(self.compute_dtype)
+        y = torch.empty((x.shape[0], n), dtype=torch.float32, device=x.device)
+        for r0, r1 in _row_chunks(n, xc.shape[-1], 4):
+            w = dequantize_torch(self.raw_dev[r0:r1], self.ggml_type).to(self.compute_dtype)
+            y[:, r0:r1] = (xc @ w.T).float()
+        return y
+
+
+def _upload_experts(gate: np.ndarray, up: np.ndarray, down: np.ndarray, biases: list[torch.Tensor],
+                    wtype: GGMLType, down_type: GGMLType, device: torch.device) -> RawExperts:
+    return RawExperts(*(upload_rows(a, device) for a in (gate, up, down)), *(b.to(device) for b in biases),
+                      ggml_type=wtype, down_type=down_type)
 
 
 class ExpertLayer:
-    """One layer's routed experts (gate, up, down + biases) with gpt-oss's clamped SwiGLU."""
+    """One layer's routed experts (gate, up, down + biases) with gpt-oss's clamped SwiGLU.
+
+    resident: None = decided by `device` (CPU: mmap + C kernels; else raw blocks uploaded to
+    `device`); True forces the device code path (on the CPU too: tests compare the two).
+    offload: options for the CPU-resident path with activations elsewhere (streaming, staging).
+    """
 
     def __init__(
         self,
@@ -67,7 +170,11 @@ class ExpertLayer:
         ffn: int,
         alpha: float,
         limit: float,
+        *,
+        offload: OffloadOptions | None = None,
+        resident: bool | None = None,
     ):
+        device = torch.device(device)
         self.device = device
         self.alpha, self.limit = alpha, limit
         if fused:
@@ -85,39 +192,19 @@ class ExpertLayer:
         self.n_experts = down.shape[0]
         self.ggml_type = wtype
         self.down_type = mf.tensors[names["down_exps"]].ggml_type
-        if device.type == "cpu":
+        opts = offload or OffloadOptions()
+        if resident if resident is not None else device.type != "cpu":
+            self.cpu = None
+            raw = _upload_experts(gate, up, down, [gate_b, up_b, down_b], wtype, self.down_type, device)
+            self.impl: ResidentExperts | HostExperts = ResidentExperts(
+                raw, alpha, limit, opts.dtype_for(device), opts.decode_budget_bytes)
+        else:
             self.cpu = kernels.ExpertTensors(
                 gate=gate, up=up, down=down, gate_bias=gate_b, up_bias=up_b, down_bias=down_b,
                 ggml_type=wtype,
             )
-        else:
-            # Raw blocks on the accelerator (4.25 bits/weight), decoded per hit expert.
-            self.cpu = None
-            self.dev_w = [torch.from_numpy(np.ascontiguousarray(w)).to(device) for w in (gate, up, down)]
-            self.dev_b = [b.to(device) for b in (gate_b, up_b, down_b)]
+            self.impl = HostExperts(self.cpu, alpha, limit, opts)
 
     def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        if self.cpu is not None:
-            # Only the hidden states and the routing cross to the CPU kernels and back.
-            out = kernels.moe_forward(
-                h.float().cpu().contiguous(), ids.cpu().contiguous(), weights.float().cpu().contiguous(),
-                self.cpu, swiglu_alpha=self.alpha, swiglu_limit=self.limit,
-            )
-            return out.to(h.device)
-        return self._device_forward(h, ids, weights)
-
-    def _device_forward(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(h, dtype=torch.float32)
-        gw, uw, dw = self.dev_w
-        gb, ub, db = self.dev_b
-        for e in torch.unique(ids).tolist():
-            tok, slot = torch.nonzero(ids == e, as_tuple=True)
-            x = h[tok].float()
-            g = x @ dequantize_torch(gw[e], self.ggml_type).T + gb[e]
-            u = x @ dequantize_torch(uw[e], self.ggml_type).T + ub[e]
-            g = g.clamp(max=self.limit)
-            u = u.clamp(-self.limit, self.limit)
-            a = g * torch.sigmoid(self.alpha * g) * (u + 1)
-            y = a @ dequantize_torch(dw[e], self.down_type).T + db[e]
-            out.index_add_(0, tok, y * weights[tok, slot, None])
-        return out
+        """h [T, H], ids [T, k] int, weights [T, k] -> [T, H] float32 on h's device."""
+        return self.impl(h, ids, weights)

@@ -1,0 +1,157 @@
+"""Routed experts computed with torch on the device that holds their raw blocks.
+
+Used for experts resident on an accelerator (raw MXFP4 uploaded once, 4.25 bits/weight) and for
+the hit experts a prompt batch streams up from the CPU (offload.ExpertStreamer). Both keep the
+weights quantized in memory and decode only the experts the batch hits, a few at a time, to the
+compute dtype. With float32 the result equals the CPU kernels' to fp32 rounding (tests run it on
+the CPU); bf16 (the CUDA default) is exact for the MXFP4 weights and rounds the activations to
+8 mantissa bits before each matmul (float32 accumulation), about 0.3% relative error per matmul.
+
+Shapes: T tokens, k experts per token, H hidden, I expert intermediate size, n experts held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.quant.formats import MXFP4_LUT2
+from hybridmoe.quant.torch_dequant import dequantize_torch, e8m0_to_fp32_half_torch
+
+DEFAULT_DECODE_BUDGET_BYTES = 512 << 20  # decoded weights alive at once (per chunk of experts)
+
+
+@dataclass
+class RawExperts:
+    """Raw blocks of n experts on one device; expert j of this set is row j of every tensor.
+
+    gate, up: uint8 [n, I, H/32*bb]; down: uint8 [n, H, I/32*bb]; biases float32 [n, I] / [n, H].
+    """
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    gate_bias: torch.Tensor
+    up_bias: torch.Tensor
+    down_bias: torch.Tensor
+    ggml_type: GGMLType
+    down_type: GGMLType
+
+    @property
+    def dims(self) -> tuple[int, int]:
+        """(H, I)."""
+        return self.down.shape[1], self.gate.shape[1]
+
+
+_LUT2 = torch.tensor(MXFP4_LUT2.tolist(), dtype=torch.float32)  # doubled E2M1 values
+_LEAN_DTYPES = (torch.float32, torch.bfloat16)  # share float32's exponent range: scales exact
+
+
+def decode(raw: torch.Tensor, t: GGMLType, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 [..., row_bytes] -> dtype [..., K]. MXFP4 -> bf16 is exact (2-bit significands).
+
+    MXFP4 into bf16/f32 goes straight to `dtype` (about 5 transient bytes per weight instead of
+    ~20 through the float32 twin), which bounds the workspace of a chunk of decoded experts.
+    """
+    if t != GGMLType.MXFP4 or dtype not in _LEAN_DTYPES:
+        return dequantize_torch(raw, t).to(dtype)
+    b = raw.reshape(*raw.shape[:-1], -1, 17)
+    scale = e8m0_to_fp32_half_torch(b[..., 0]).to(dtype).unsqueeze(-1)  # [..., nb, 1]
+    qs = b[..., 1:]
+    codes = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # [..., nb, 32] uint8
+    w = _LUT2.to(device=raw.device, dtype=dtype)[codes.int()]
+    return w.mul_(scale).reshape(*raw.shape[:-1], -1)
+
+
+def _group_rows(ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Sort the (token, slot) pairs routed to this set by expert.
+
+    ids: [T, k] local expert ids (-1 = expert not in this set). Returns the flat pair index of
+    each routed pair in expert order, their token index, and the per-expert counts (host list).
+    """
+    k = ids.shape[1]
+    flat = ids.reshape(-1).long()
+    pairs = torch.nonzero(flat >= 0).squeeze(1)
+    order = torch.argsort(flat[pairs], stable=True)
+    pairs = pairs[order]
+    counts = torch.bincount(flat[pairs], minlength=n).tolist()  # one sync: sizes drive slicing
+    return pairs, pairs // k, counts
+
+
+def _swiglu(g: torch.Tensor, u: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    g = g.clamp(max=limit)
+    u = u.clamp(-limit, limit)
+    return g * torch.sigmoid(alpha * g) * (u + 1)
+
+
+def _chunks(hit: list[int], per_chunk: int) -> list[list[int]]:
+    return [hit[i : i + per_chunk] for i in range(0, len(hit), per_chunk)]
+
+
+def routed_experts(
+    h: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    experts: RawExperts,
+    alpha: float,
+    limit: float,
+    dtype: torch.dtype = torch.float32,
+    out: torch.Tensor | None = None,
+    decode_budget_bytes: int = DEFAULT_DECODE_BUDGET_BYTES,
+) -> torch.Tensor:
+    """out[t] += sum over slots j with ids[t, j] >= 0 of weights[t, j] * expert_{ids[t, j]}(h[t]).
+
+    h: [T, H] float32; ids: [T, k] int local ids into `experts` (-1 = skip); weights: [T, k]
+    float32; all on the experts' device. Returns `out` ([T, H] float32, zeros if None).
+    Hit experts are decoded `decode_budget_bytes` at a time; each expert multiplies only its rows.
+    """
+    H, I = experts.dims
+    if out is None:
+        out = torch.zeros((h.shape[0], H), dtype=torch.float32, device=h.device)
+    n = experts.gate.shape[0]
+    pairs, tok, counts = _group_rows(ids, n)
+    if pairs.numel() == 0:
+        return out
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    x = h.index_select(0, tok).to(dtype)  # [R, H] rows in expert order
+    w_rows = weights.reshape(-1).index_select(0, pairs).float()  # [R]
+    hit = [e for e in range(n) if counts[e]]
+    # Decoded bytes plus the decoder's transients (uint8 codes + int32 indices) per expert.
+    per_expert = 3 * H * I * (torch.empty((), dtype=dtype).element_size() + 5)
+    y = torch.empty((x.shape[0], H), dtype=torch.float32, device=h.device)
+    for chunk in _chunks(hit, max(1, decode_budget_bytes // per_expert)):
+        sel = torch.tensor(chunk, device=experts.gate.device)
+        wg = decode(experts.gate.index_select(0, sel), experts.ggml_type, dtype)  # [c, I, H]
+        wu = decode(experts.up.index_select(0, sel), experts.ggml_type, dtype)
+        wd = decode(experts.down.index_select(0, sel), experts.down_type, dtype)  # [c, H, I]
+        for j, e in enumerate(chunk):
+            r0, r1 = starts[e], starts[e + 1]
+            xe = x[r0:r1]
+            g = (xe @ wg[j].T).float() + experts.gate_bias[e]
+            u = (xe @ wu[j].T).float() + experts.up_bias[e]
+            a = _swiglu(g, u, alpha, limit).to(dtype)
+            y[r0:r1] = (a @ wd[j].T).float() + experts.down_bias[e]
+    return out.index_add_(0, tok, y * w_rows[:, None])
+
+
+class ResidentExperts:
+    """A layer's experts uploaded once to `device` as raw blocks; decoded per hit expert."""
+
+    def __init__(self, experts: RawExperts, alpha: float, limit: float, dtype: torch.dtype,
+                 decode_budget_bytes: int = DEFAULT_DECODE_BUDGET_BYTES):
+        self.experts = experts
+        self.alpha, self.limit = alpha, limit
+        self.dtype = dtype
+        self.decode_budget_bytes = decode_budget_bytes
+
+    def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        dev = self.experts.gate.device
+        out = routed_experts(
+            h.to(dev).float(), ids.to(dev), weights.to(dev), self.experts, self.alpha, self.limit,
+            self.dtype, decode_budget_bytes=self.decode_budget_bytes,
+        )
+        return out.to(h.device)
