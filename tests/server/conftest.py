@@ -93,12 +93,9 @@ def stop_server(srv: ServerProcess) -> None:
 
 
 @pytest.fixture(scope="session")
-def served_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A tiny random gpt-oss GGUF written by the `hybridmoe synth` command itself."""
-    out = tmp_path_factory.mktemp("served") / "tiny-served.gguf"
-    subprocess.run([sys.executable, "-m", "hybridmoe.cli", "synth", "--preset", "tiny", "--out", str(out)],
-                   check=True, capture_output=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return str(out)
+def served_model(tiny_gguf: str) -> str:
+    """The suite's tiny random gpt-oss GGUF (tests/conftest.py), shared to save a synth per session."""
+    return tiny_gguf
 
 
 # The command line llama-server users run (README of issue 4), with --host 127.0.0.1 for tests.
@@ -120,11 +117,9 @@ def server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="session")
-def served_llm(served_model: str):
-    """The same file through the Python API, for reference outputs."""
-    from hybridmoe import LLM
-
-    return LLM(served_model, threads=1, ctx_size=1024)
+def served_llm(tiny_llm):
+    """The same file through the Python API (one thread, the model's 4096-token context)."""
+    return tiny_llm
 
 
 @pytest.fixture

@@ -171,7 +171,7 @@ def test_bad_input_through_openai_client(client):
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="tiny-test", prompt=[5, 99999], max_tokens=2)
     # The file name is accepted as a model name too (llama-server clients often send it).
-    r = client.chat.completions.create(model="tiny-served.gguf", messages=MSGS, max_tokens=1)
+    r = client.chat.completions.create(model="tiny.gguf", messages=MSGS, max_tokens=1)
     assert r.model == "tiny-test"
 
 
