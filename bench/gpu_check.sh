@@ -18,11 +18,17 @@ if ! "$PY" -c "import torch, numpy" 2>/dev/null; then
 fi
 
 # Build: compile csrc/ into the package (offline: no dependency resolution, no build isolation).
-echo "[gpu_check] building with $PY"
-if ! "$PY" -m pip install -q -e . --no-deps --no-build-isolation; then
-    echo "[gpu_check] pip install failed; building the extension in place" >&2
-    "$PY" setup.py -q build_ext --inplace
+# Skipped when the package imports and its kernel library loads (GPU_CHECK_REBUILD=1 forces it),
+# so a shared checkout's library is not rebuilt under other users' feet.
+if [ "${GPU_CHECK_REBUILD:-0}" != "0" ] || ! PYTHONPATH=src "$PY" -c \
+        "import sys; from hybridmoe import kernels; sys.exit(0 if kernels.available() else 1)" 2>/dev/null; then
+    echo "[gpu_check] building with $PY"
+    if ! "$PY" -m pip install -q -e . --no-deps --no-build-isolation; then
+        echo "[gpu_check] pip install failed; building the extension in place" >&2
+        "$PY" setup.py -q build_ext --inplace
+    fi
 fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "from hybridmoe import kernels; print('[gpu_check] kernels:', kernels.isa())"
 
 # CPU threads: all cores unless the caller pinned OMP_NUM_THREADS (shared dev machines do).

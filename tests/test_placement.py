@@ -391,14 +391,28 @@ def test_check_fits_names_the_numbers(index):
 def test_model_runs_under_a_cpu_plan_with_identical_logits(tiny_gguf):
     # Every device is `cpu` here (no CUDA), so this checks that the model asks the plan only for
     # names it has, and that a plan-driven load computes the same logits as the default one.
-    from hybridmoe import LLM
+    from hybridmoe.models.gpt_oss import GptOss, GptOssConfig, SeqChunk
+
+    mf = open_model(tiny_gguf)
+    cfg = GptOssConfig.from_metadata(mf.metadata)
+    plan = make_plan(cfg, mf.tensors, PlacementOptions(
+        gpu_device="cpu", n_cpu_moe=2, override_tensor=[r"blk\.3\.attn_q=cpu"]))
+    asked = []
+
+    class Recording:
+        def device_of(self, name: str) -> str:
+            asked.append(name)
+            return plan.device_of(name)
 
     ids = list(range(1, 40))
-    ref = LLM(tiny_gguf, threads=1).logits(ids)
-    got = LLM(tiny_gguf, threads=1, gpu_device="cpu", n_cpu_moe=2,
-              override_tensor=[r"blk\.3\.attn_q=cpu"]).logits(ids)
-    assert got.shape == ref.shape
-    assert abs(got - ref).max() <= 1e-5 * max(1.0, abs(ref).max())
+    out = []
+    for placement in (None, Recording()):
+        model = GptOss(mf, placement)
+        out.append(model.forward([SeqChunk(model.make_cache(64), ids)], all_logits=True))
+    assert "blk.0.attn_q.weight" in asked and "output.weight" in asked
+    ref, got = out
+    assert got.shape == ref.shape == (len(ids), cfg.vocab_size)
+    assert (got - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item())
 
 
 # --- output ----------------------------------------------------------------------------------
