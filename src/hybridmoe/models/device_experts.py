@@ -65,19 +65,36 @@ def decode(raw: torch.Tensor, t: GGMLType, dtype: torch.dtype) -> torch.Tensor:
     return w.mul_(scale).reshape(*raw.shape[:-1], -1)
 
 
-def _group_rows(ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Sort the (token, slot) pairs routed to this set by expert.
+@dataclass
+class Grouping:
+    """The routed (token, slot) pairs sorted by expert; computed where `ids` lives.
 
-    ids: [T, k] local expert ids (-1 = expert not in this set). Returns the flat pair index of
-    each routed pair in expert order, their token index, and the per-expert counts (host list).
+    pairs: [R] flat pair index (token * k + slot) in expert order; tok: [R] token of each row;
+    starts: n + 1 host ints, rows of expert e are starts[e]:starts[e + 1].
     """
+
+    pairs: torch.Tensor
+    tok: torch.Tensor
+    starts: list[int]
+
+    def hit(self) -> list[int]:
+        return [e for e in range(len(self.starts) - 1) if self.starts[e + 1] > self.starts[e]]
+
+    def to(self, device: torch.device) -> "Grouping":
+        return Grouping(self.pairs.to(device), self.tok.to(device), self.starts)
+
+
+def group_rows(ids: torch.Tensor, n: int) -> Grouping:
+    """ids: [T, k] expert ids in 0..n-1 (-1 = not in this set). One sync when on a device."""
     k = ids.shape[1]
     flat = ids.reshape(-1).long()
     pairs = torch.nonzero(flat >= 0).squeeze(1)
-    order = torch.argsort(flat[pairs], stable=True)
-    pairs = pairs[order]
-    counts = torch.bincount(flat[pairs], minlength=n).tolist()  # one sync: sizes drive slicing
-    return pairs, pairs // k, counts
+    pairs = pairs[torch.argsort(flat[pairs], stable=True)]
+    counts = torch.bincount(flat[pairs], minlength=n).tolist()
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    return Grouping(pairs, pairs // k, starts)
 
 
 def _swiglu(g: torch.Tensor, u: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
@@ -86,8 +103,48 @@ def _swiglu(g: torch.Tensor, u: torch.Tensor, alpha: float, limit: float) -> tor
     return g * torch.sigmoid(alpha * g) * (u + 1)
 
 
-def _chunks(hit: list[int], per_chunk: int) -> list[list[int]]:
-    return [hit[i : i + per_chunk] for i in range(0, len(hit), per_chunk)]
+def experts_per_decode(experts: RawExperts, dtype: torch.dtype, budget_bytes: int) -> int:
+    """How many experts to decode at once: decoded bytes + the decoder's transients (uint8
+    codes + int32 indices, ~5 B/weight) within `budget_bytes`."""
+    H, I = experts.dims
+    per_expert = 3 * H * I * (torch.empty((), dtype=dtype).element_size() + 5)
+    return max(1, budget_bytes // per_expert)
+
+
+def expert_rows(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    starts: list[int],
+    experts: RawExperts,
+    todo: list[tuple[int, int]],
+    alpha: float,
+    limit: float,
+    dtype: torch.dtype,
+    decode_budget_bytes: int = DEFAULT_DECODE_BUDGET_BYTES,
+) -> None:
+    """y[rows of e] = expert(x[rows of e]) + down bias, for each (e, j) in `todo`: e indexes
+    `starts` (rows), j the expert's position in `experts`. x: [R, H] in dtype; y: [R, H] f32.
+    Experts are decoded a few at a time (one decode launch per tensor per group)."""
+    per = experts_per_decode(experts, dtype, decode_budget_bytes)
+    for c0 in range(0, len(todo), per):
+        group = todo[c0 : c0 + per]
+        sel = torch.tensor([j for _, j in group], device=experts.gate.device)
+        wg = decode(experts.gate.index_select(0, sel), experts.ggml_type, dtype)  # [c, I, H]
+        wu = decode(experts.up.index_select(0, sel), experts.ggml_type, dtype)
+        wd = decode(experts.down.index_select(0, sel), experts.down_type, dtype)  # [c, H, I]
+        for i, (e, j) in enumerate(group):
+            r0, r1 = starts[e], starts[e + 1]
+            xe = x[r0:r1]
+            g = (xe @ wg[i].T).float() + experts.gate_bias[j]
+            u = (xe @ wu[i].T).float() + experts.up_bias[j]
+            a = _swiglu(g, u, alpha, limit).to(dtype)
+            y[r0:r1] = (a @ wd[i].T).float() + experts.down_bias[j]
+
+
+def combine(out: torch.Tensor, y: torch.Tensor, grouping: Grouping, weights: torch.Tensor) -> torch.Tensor:
+    """out[t] += sum of the token's expert rows times their routing weights."""
+    w_rows = weights.reshape(-1).index_select(0, grouping.pairs).float()
+    return out.index_add_(0, grouping.tok, y * w_rows[:, None])
 
 
 def routed_experts(
@@ -103,39 +160,20 @@ def routed_experts(
 ) -> torch.Tensor:
     """out[t] += sum over slots j with ids[t, j] >= 0 of weights[t, j] * expert_{ids[t, j]}(h[t]).
 
-    h: [T, H] float32; ids: [T, k] int local ids into `experts` (-1 = skip); weights: [T, k]
-    float32; all on the experts' device. Returns `out` ([T, H] float32, zeros if None).
-    Hit experts are decoded `decode_budget_bytes` at a time; each expert multiplies only its rows.
+    h: [T, H] float32; ids: [T, k] int ids into `experts` (-1 = skip); weights: [T, k] float32;
+    all on the experts' device. Returns `out` ([T, H] float32, zeros if None).
     """
-    H, I = experts.dims
+    H, _ = experts.dims
     if out is None:
         out = torch.zeros((h.shape[0], H), dtype=torch.float32, device=h.device)
-    n = experts.gate.shape[0]
-    pairs, tok, counts = _group_rows(ids, n)
-    if pairs.numel() == 0:
+    grouping = group_rows(ids, experts.gate.shape[0])
+    if grouping.pairs.numel() == 0:
         return out
-    starts = [0]
-    for c in counts:
-        starts.append(starts[-1] + c)
-    x = h.index_select(0, tok).to(dtype)  # [R, H] rows in expert order
-    w_rows = weights.reshape(-1).index_select(0, pairs).float()  # [R]
-    hit = [e for e in range(n) if counts[e]]
-    # Decoded bytes plus the decoder's transients (uint8 codes + int32 indices) per expert.
-    per_expert = 3 * H * I * (torch.empty((), dtype=dtype).element_size() + 5)
+    x = h.index_select(0, grouping.tok).to(dtype)  # [R, H] rows in expert order
     y = torch.empty((x.shape[0], H), dtype=torch.float32, device=h.device)
-    for chunk in _chunks(hit, max(1, decode_budget_bytes // per_expert)):
-        sel = torch.tensor(chunk, device=experts.gate.device)
-        wg = decode(experts.gate.index_select(0, sel), experts.ggml_type, dtype)  # [c, I, H]
-        wu = decode(experts.up.index_select(0, sel), experts.ggml_type, dtype)
-        wd = decode(experts.down.index_select(0, sel), experts.down_type, dtype)  # [c, H, I]
-        for j, e in enumerate(chunk):
-            r0, r1 = starts[e], starts[e + 1]
-            xe = x[r0:r1]
-            g = (xe @ wg[j].T).float() + experts.gate_bias[e]
-            u = (xe @ wu[j].T).float() + experts.up_bias[e]
-            a = _swiglu(g, u, alpha, limit).to(dtype)
-            y[r0:r1] = (a @ wd[j].T).float() + experts.down_bias[e]
-    return out.index_add_(0, tok, y * w_rows[:, None])
+    expert_rows(x, y, grouping.starts, experts, [(e, e) for e in grouping.hit()], alpha, limit,
+                dtype, decode_budget_bytes)
+    return combine(out, y, grouping, weights)
 
 
 class ResidentExperts:

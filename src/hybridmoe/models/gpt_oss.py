@@ -276,12 +276,16 @@ class GptOss:
         N = len(ids)
         Hq, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         x = self.embed(ids)
+        pos0s = [c.cache.length for c in chunks]
         rope_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        qpos_cache: dict[torch.device, list[torch.Tensor]] = {}
         for li, layer in enumerate(self.layers):
             dev = layer.device
             x = x.to(dev)
             if dev not in rope_cache:
                 rope_cache[dev] = self.rope.cos_sin(positions, dev)
+                pdev = positions.to(dev)
+                qpos_cache[dev] = list(torch.split(pdev, lens))
             cos, sin = rope_cache[dev]
             h = rms_norm(x, layer.attn_norm, cfg.rms_eps)
             q = apply_rope_neox(layer.q(h).view(N, Hq, D), cos, sin)
@@ -290,14 +294,12 @@ class GptOss:
             window = cfg.sliding_window if layer.sliding else None
             outs = []
             off = 0
-            for c, n in zip(chunks, lens):
-                pos0 = c.cache.length
+            for c, n, pos0, q_pos in zip(chunks, lens, pos0s, qpos_cache[dev]):
                 k_all, v_all, k_pos = c.cache.update(li, k[off : off + n], v[off : off + n], pos0)
-                q_pos = positions[off : off + n].to(dev)
                 outs.append(
                     attention_with_sinks(
                         q[off : off + n], k_all, v_all, layer.sinks,
-                        q_pos, k_pos, self.scale, window,
+                        q_pos, k_pos, self.scale, window, keys_in_order=not layer.sliding,
                     )
                 )
                 off += n
@@ -316,7 +318,7 @@ class GptOss:
 
     def moe(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
         """Router top-k on raw logits, softmax over the k, weighted sum of the chosen experts."""
-        logits = h @ layer.router_w.T + layer.router_b
+        logits = torch.nn.functional.linear(h, layer.router_w, layer.router_b)
         vals, idx = torch.topk(logits, self.config.n_experts_used, dim=-1)
         weights = torch.softmax(vals, dim=-1)
         return layer.experts(h, idx.to(torch.int32), weights)

@@ -9,8 +9,7 @@ import torch
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * g, in float32 (the gain is a plain multiply)."""
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight
+    return torch.nn.functional.rms_norm(x.float(), weight.shape, weight, eps)
 
 
 def yarn_inv_freq(
@@ -47,18 +46,21 @@ class RopeTable:
         self.concentration = concentration
 
     def cos_sin(self, positions: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, 1, d] tables for `apply_rope_neox`: cos repeated, sin signed for rotate-half."""
         theta = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [T, d/2]
-        cos = (torch.cos(theta) * self.concentration).to(device)
-        sin = (torch.sin(theta) * self.concentration).to(device)
-        return cos, sin
+        cos = torch.cos(theta) * self.concentration
+        sin = torch.sin(theta) * self.concentration
+        cos2 = torch.cat((cos, cos), dim=-1)[:, None, :]
+        sin2 = torch.cat((-sin, sin), dim=-1)[:, None, :]
+        return cos2.to(device), sin2.to(device)
 
 
 def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Half-split (NeoX) rotation: dim i pairs with i + d/2. x: [T, heads, d]; cos/sin: [T, d/2]."""
+    """Half-split (NeoX) rotation: dim i pairs with i + d/2. x: [T, heads, d]; cos/sin from
+    `RopeTable.cos_sin`: out = x * cos + rotate_half(x) * sin, with rotate_half(x) = (x2, x1)."""
     d_half = x.shape[-1] // 2
-    x1, x2 = x[..., :d_half], x[..., d_half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    rot = torch.cat((x[..., d_half:], x[..., :d_half]), dim=-1)
+    return torch.addcmul(x * cos, rot, sin)
 
 
 def attention_with_sinks(
@@ -71,6 +73,7 @@ def attention_with_sinks(
     scale: float,
     window: int | None,
     q_block: int = 256,
+    keys_in_order: bool = False,
 ) -> torch.Tensor:
     """Causal GQA attention with one learned, unscaled sink logit per query head.
 
@@ -79,6 +82,7 @@ def attention_with_sinks(
     The sink is an extra logit column that takes probability mass but has no value, so
     out = softmax-attention(q, k, v) * sigmoid(lse - sink), with lse the log-sum-exp of the
     scaled scores. Queries are processed in blocks to bound mask/score memory.
+    keys_in_order: k_pos is 0..S-1 and the last query sits at S-1 (a full layer's cache).
     """
     T, Hq, d = q.shape
     Hkv, S, _ = k.shape
@@ -89,10 +93,13 @@ def attention_with_sinks(
     for t0 in range(0, T, q_block):
         t1 = min(T, t0 + q_block)
         n = t1 - t0
-        qp = q_pos[t0:t1, None]
-        allowed = (k_pos[None, :] <= qp) & valid[None, :]
-        if window is not None:
-            allowed &= k_pos[None, :] > qp - window
+        if n == 1 and window is None and keys_in_order:
+            allowed = None  # one query after a contiguous prefix: every key is visible
+        else:
+            qp = q_pos[t0:t1, None]
+            allowed = (k_pos[None, :] <= qp) & valid[None, :]
+            if window is not None:
+                allowed &= k_pos[None, :] > qp - window
         # GQA without copying K/V: the g query heads of a KV head become g*n query rows.
         qb = q[t0:t1].view(n, Hkv, g, d).permute(1, 2, 0, 3).reshape(Hkv, g * n, d)
         ob, lse = _attend(qb, k, v, allowed, g, scale)
@@ -102,14 +109,15 @@ def attention_with_sinks(
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, g: int, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, g: int, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain softmax attention returning (out [Hkv, R, d], lse [Hkv, R]); R = g * n query rows."""
+    """Plain softmax attention returning (out [Hkv, R, d], lse [Hkv, R]); R = g * n query rows.
+    allowed: [n, S] visibility, or None when every key is visible."""
     if q.device.type == "cpu":
         # One fused op on the CPU (flash kernel): no [heads, n, S] score tensor, and it returns
         # the log-sum-exp the sink correction needs.
         mask = None
-        if not bool(allowed.all()):
+        if allowed is not None and not bool(allowed.all()):
             mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
             mask = mask.repeat(g, 1)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -117,7 +125,8 @@ def _attend(
         )
         return out[0], lse[0]
     scores = torch.matmul(q, k.transpose(1, 2).to(q.dtype)) * scale
-    scores = scores.masked_fill(~allowed.repeat(g, 1)[None], float("-inf"))
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed.repeat(g, 1)[None], float("-inf"))
     lse = torch.logsumexp(scores.float(), dim=-1)
     p = torch.exp(scores.float() - lse[..., None]).to(v.dtype)
     return torch.matmul(p, v), lse

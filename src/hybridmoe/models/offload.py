@@ -26,7 +26,13 @@ import numpy as np
 import torch
 
 from hybridmoe import kernels
-from hybridmoe.models.device_experts import DEFAULT_DECODE_BUDGET_BYTES, RawExperts, routed_experts
+from hybridmoe.models.device_experts import (
+    DEFAULT_DECODE_BUDGET_BYTES,
+    RawExperts,
+    combine,
+    expert_rows,
+    group_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +161,7 @@ class HostRoute:
     def _grow(self, T: int, k: int) -> None:
         if T <= self.capacity and self.ids.shape[1] == k:
             return
+        _Events.host_wait(self._out_free)  # no copy may still read the buffer being replaced
         cap = 1 << max(0, T - 1).bit_length()
         H = self.hidden
         self.x = _pinned((cap, H), torch.float32, self.pin)
@@ -242,7 +249,7 @@ class ExpertStreamer:
         """Copy the chunk's raw blocks and biases from the mmap into the host slot."""
         ex, c = self.src, len(chunk)
         for j, a in enumerate((ex.gate, ex.up, ex.down)):
-            np.take(a, chunk, axis=0, out=slot.host[j][:c].numpy())
+            np.take(a, chunk, axis=0, out=slot.host[j][:c].numpy(), mode="clip")  # clip: unbuffered
         idx = torch.from_numpy(chunk)
         for j, b in enumerate((ex.gate_bias, ex.up_bias, ex.down_bias)):
             if b is None:
@@ -264,26 +271,26 @@ class ExpertStreamer:
         """h [T, H] and weights [T, k] on the device; ids_host [T, k] int on the CPU."""
         if self._slots is None:
             self._slots = self._make_slots()
-        hit = np.unique(ids_host.numpy())
-        out = torch.zeros((h.shape[0], h.shape[1]), dtype=torch.float32, device=self.device)
-        local = torch.full((self.src.num_experts,), -1, dtype=torch.int32)
         ex = self.src
+        H = h.shape[1]
+        # Grouping on the host (ids are there already): no device sync inside the chunk loop.
+        grouping = group_rows(ids_host, ex.num_experts).to(self.device)
+        hit = grouping.hit()
+        x = h.index_select(0, grouping.tok).to(self.dtype)  # [R, H] rows in expert order
+        y = torch.empty((x.shape[0], H), dtype=torch.float32, device=self.device)
         for n, start in enumerate(range(0, len(hit), self.per_slot)):
             chunk = hit[start : start + self.per_slot]
             slot = self._slots[n % 2]
             _Events.host_wait(slot.host_free)  # its previous upload has left the pinned buffer
-            self._gather(slot, chunk)
-            ready = self._upload(slot, len(chunk))
-            local.fill_(-1)
-            local[torch.from_numpy(chunk)] = torch.arange(len(chunk), dtype=torch.int32)
-            local_ids = local[ids_host.long()].to(self.device, non_blocking=False)
-            _Events.stream_wait(ready)
+            self._gather(slot, np.asarray(chunk, dtype=np.int64))
+            _Events.stream_wait(self._upload(slot, len(chunk)))
             c = len(chunk)
             raw = RawExperts(*(t[:c] for t in slot.dev), ggml_type=ex.ggml_type, down_type=ex.ggml_type)
-            routed_experts(h, local_ids, weights, raw, self.alpha, self.limit, self.dtype, out=out,
-                           decode_budget_bytes=self.opts.decode_budget_bytes)
+            expert_rows(x, y, grouping.starts, raw, [(e, j) for j, e in enumerate(chunk)], self.alpha,
+                        self.limit, self.dtype, self.opts.decode_budget_bytes)
             slot.dev_free = self.events.record()
-        return out
+        out = torch.zeros((h.shape[0], H), dtype=torch.float32, device=self.device)
+        return combine(out, y, grouping, weights)
 
 
 def expert_bytes(experts: kernels.ExpertTensors) -> int:
