@@ -65,7 +65,7 @@ def make_timings(prompt_n: int, prompt_s: float, predicted_n: int, predicted_s: 
 _GPU_INTENT_KEYS = ("n_gpu_layers", "cpu_moe", "n_cpu_moe", "override_tensor", "fit", "vram_budget")
 
 
-def _placement(model_file: Any, options: dict[str, Any], ctx_size: int) -> Any:
+def _placement(model_file: Any, options: dict[str, Any], ctx_size: int, batch_size: int) -> Any:
     """Build the placement plan from llama.cpp-style options, before any weight is loaded.
 
     Returns None (everything on the CPU) when there is no CUDA device. With CUDA, the default
@@ -83,6 +83,7 @@ def _placement(model_file: Any, options: dict[str, Any], ctx_size: int) -> Any:
     from hybridmoe.placement.report import format_plan
 
     cfg = GptOssConfig.from_metadata(model_file.metadata)
+    opts.setdefault("batch_size", batch_size)
     popts = PlacementOptions(ctx_size=ctx_size, **opts)
     plan = make_plan(cfg, model_file.tensors, popts)
     log.info("placement plan:\n%s", format_plan(plan))
@@ -115,7 +116,7 @@ class LLM:
         self.tokenizer = Tokenizer.from_metadata(self.file.metadata)
         if ctx_size < 0:
             raise ValueError(f"ctx_size must be >= 0, got {ctx_size}")
-        plan = _placement(self.file, placement_options, ctx_size)
+        plan = _placement(self.file, placement_options, ctx_size, max(1, batch_size))
         self.model = GptOss(self.file, plan, progress=progress)
         self.config = self.model.config
         self.ctx_size = ctx_size or self.config.context_length

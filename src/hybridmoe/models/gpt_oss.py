@@ -236,8 +236,13 @@ class GptOss:
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
 
     # --- cache ---------------------------------------------------------------------------
-    def cache_layout(self, dtype: torch.dtype = torch.float32) -> CacheLayout:
+    def cache_layout(self, dtype: torch.dtype | None = None) -> CacheLayout:
+        """KV in float32 on the CPU (exact); float16 when any layer is on an accelerator, where
+        VRAM is the budget (llama.cpp's default KV type)."""
         cfg = self.config
+        if dtype is None:
+            on_cpu = all(layer.device.type == "cpu" for layer in self.layers)
+            dtype = torch.float32 if on_cpu else torch.float16
         return CacheLayout(
             n_layers=cfg.n_layers,
             sliding=tuple(cfg.layer_is_sliding(i) for i in range(cfg.n_layers)),
