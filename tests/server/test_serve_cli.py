@@ -88,3 +88,20 @@ def test_no_model_serves_demo_or_an_honestly_random_one(tmp_path, monkeypatch):
     bundled.write_bytes(b"stand-in")
     monkeypatch.setattr(llm_mod, "DEMO_MODEL", bundled)
     assert serve._model_path(parse([])) == (str(bundled), False)
+
+
+def test_unloadable_model_exits_with_a_clear_error(tmp_path, caplog):
+    import logging
+
+    from .conftest import free_port
+
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)  # right magic, garbage header
+    args = parse(["-m", str(bad), "--port", str(free_port())])
+    try:
+        with caplog.at_level(logging.ERROR, logger="hybridmoe.serve"):
+            assert serve.run(args) == 1  # uvicorn starts, the load fails, the server stops
+    finally:
+        logging.captureWarnings(False)
+    assert any("model failed to load" in r.getMessage() and "broken.gguf" in r.getMessage()
+               for r in caplog.records)

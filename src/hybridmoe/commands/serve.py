@@ -158,8 +158,9 @@ def _placement(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
-def _load(args: argparse.Namespace, path: str, state: Any) -> None:
-    """Model loading thread: LLM -> Engine -> Serving, then /health turns 200."""
+def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
+    """Model loading thread: LLM -> Engine -> Serving, then /health turns 200. On failure the
+    server stops and `serve` exits 1, as llama-server does (no half-alive process)."""
     from hybridmoe.engine.engine import Engine
     from hybridmoe.engine.llm import LLM
     from hybridmoe.server.serving import SamplingDefaults, Serving, ServingConfig
@@ -181,9 +182,11 @@ def _load(args: argparse.Namespace, path: str, state: Any) -> None:
         )
         state.serving = Serving(engine, llm, config)
         log.info("model loaded: %s (%d slots x %d tokens of context)", path, n_parallel, per_slot)
-    except Exception as e:  # keep the socket up so /health can say why
-        log.exception("model failed to load")
+    except Exception as e:
+        log.debug("load failure", exc_info=True)
+        log.error("model failed to load: %s: %s", type(e).__name__, e)
         state.load_error = f"{type(e).__name__}: {e}"
+        server.should_exit = True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,11 +208,11 @@ def run(args: argparse.Namespace) -> int:
     keys = _api_keys(args)
     state = ServerState(api_keys=keys, metrics_enabled=args.metrics)
     app = create_app(state)
-    threading.Thread(target=_load, args=(args, path, state), name="hybridmoe-load", daemon=True).start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
+    threading.Thread(target=_load, args=(args, path, state, server), name="hybridmoe-load", daemon=True).start()
     print(f"hybridmoe: listening on http://{args.host}:{args.port} (model {path})", flush=True)
     server.run()
     if state.serving is not None:
         state.serving.engine.close()
-    return 0
+    return 1 if state.load_error else 0
