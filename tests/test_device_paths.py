@@ -144,6 +144,21 @@ def test_auto_never_streams_for_cpu_activations():
                        OffloadOptions(stream="always", upload_slots=0)).wants_stream(torch.device("cpu"), ids) is False
 
 
+def test_offload_options_from_placement():
+    from hybridmoe.placement import PlacementOptions
+
+    class FakePlan:
+        options = PlacementOptions(upload_slots=2, gpu_dense_dtype="f16")
+
+    o = OffloadOptions.from_placement(FakePlan())
+    assert (o.upload_slots, o.dense_dtype(torch.device("cuda:0")), o.dense_dtype(torch.device("cpu"))) == (2, "f16", None)
+    d = OffloadOptions.from_placement(object())
+    assert (d.upload_slots, d.dense_dtype(torch.device("cuda:0"))) == (1, None)
+    assert d.dtype_for(torch.device("cuda:0")) == torch.bfloat16 and d.dtype_for(torch.device("cpu")) == torch.float32
+    with pytest.raises(ValueError, match="stream"):
+        OffloadOptions(stream="sometimes")
+
+
 # --- whole model: split placements on the CPU ----------------------------------------------
 def _logits(model: GptOss, ids: list[int]) -> torch.Tensor:
     cache = model.make_cache(len(ids))

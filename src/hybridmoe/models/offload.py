@@ -84,6 +84,8 @@ class OffloadOptions:
         (split into two alternating buffers); 0 disables streaming (the plan's `upload_slots`).
     stream: "auto" (cost model, only when activations are off the CPU), "always", "never".
     stage_on_cpu: route CPU-activation calls through the staging buffers too (tests).
+    gpu_dense_dtype: dense weights on an accelerator, weights.DenseLinear's dtype ("stored",
+        "bf16", "f16", "f32"; None = bf16); CPU-placed dense weights ignore it.
     """
 
     compute_dtype: torch.dtype | None = None
@@ -91,6 +93,7 @@ class OffloadOptions:
     upload_slots: int = 1
     stream: str = "auto"
     stage_on_cpu: bool = False
+    gpu_dense_dtype: str | None = None
     cost: StreamCost = field(default_factory=StreamCost)
 
     def __post_init__(self) -> None:
@@ -104,11 +107,17 @@ class OffloadOptions:
             return self.compute_dtype
         return torch.float32 if device.type == "cpu" else torch.bfloat16
 
+    def dense_dtype(self, device: torch.device) -> str | None:
+        """DenseLinear dtype for a dense weight placed on `device` (None = its default)."""
+        return None if torch.device(device).type == "cpu" else self.gpu_dense_dtype
+
     @classmethod
     def from_placement(cls, placement: Any) -> "OffloadOptions":
-        """Options from a placement plan's `options` (upload_slots); defaults otherwise."""
+        """Options from a placement plan's `options` (upload_slots, gpu_dense_dtype); defaults
+        for anything else (e.g. a plain all-CPU placement)."""
         opts = getattr(placement, "options", None)
-        return cls(upload_slots=getattr(opts, "upload_slots", 1))
+        return cls(upload_slots=getattr(opts, "upload_slots", 1),
+                   gpu_dense_dtype=getattr(opts, "gpu_dense_dtype", None))
 
 
 def _pinned(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch.Tensor:
