@@ -90,6 +90,7 @@ def test_full_queue_answers_503_then_recovers(make_serving):
         r.fp.readline()  # first chunk: the only slot is busy
         status, body = srv.request("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})
         assert status == 503 and "busy" in body["error"]["message"]
+        assert srv.request("GET", "/slots?fail_on_no_slot=1")[0] == 503
         c.close()
         deadline = time.monotonic() + 20
         while engine.status()["slots"][0]["is_processing"] and time.monotonic() < deadline:
@@ -97,6 +98,7 @@ def test_full_queue_answers_503_then_recovers(make_serving):
         status, body = srv.request("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})
         assert status == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
         assert engine.metrics.requests_rejected_total == 1
+        assert srv.request("GET", "/slots?fail_on_no_slot=1")[0] == 200
 
 
 def test_non_stream_disconnect_frees_slot(make_serving):

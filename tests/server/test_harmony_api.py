@@ -131,3 +131,11 @@ def test_reasoning_effort_reaches_the_template(server, how):
         body["chat_template_kwargs"] = {"reasoning_effort": "high"}
     status, out = server.request("POST", "/apply-template", body)
     assert status == 200 and "Reasoning: high" in out["prompt"]
+
+
+def test_system_and_developer_messages_reach_the_prompt(server):
+    msgs = [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "Hi!"}]
+    status, out = server.request("POST", "/apply-template", {"messages": msgs})
+    assert status == 200
+    assert "<|start|>developer<|message|># Instructions\n\nAnswer in French." in out["prompt"]
+    assert "<|start|>user<|message|>Hi!<|end|>" in out["prompt"]
