@@ -21,13 +21,13 @@ float g_e8m0_table[256];
 
 namespace {
 
-constexpr int64_t kChunkRows = 24;  // rows per work unit; 24 x 2880 fp32 tile = 276 KB (L2-sized)
+constexpr int64_t kChunkRows = 24;  // rows per work unit (multiple of the GEMM's 6); 24 x 2880 fp32 = 276 KB tile
 constexpr int kErrBadArg = -1, kErrBadExpert = -2, kErrBadIsa = -3;
 
 std::mutex g_call_mu;  // one op at a time owns the pool and the scratch buffers
 std::unique_ptr<ThreadPool> g_pool;
 const KernelSet* g_ks = nullptr;
-int g_gemv_max_tokens = 8;  // per-expert token count up to which the fused GEMV beats the tile GEMM
+int g_gemv_max_tokens = 12;  // per-expert token count up to which the fused GEMV beats the tile GEMM
 
 bool cpu_has_f16c() {
     unsigned a, b, c, d;
@@ -77,13 +77,14 @@ float* grow(std::vector<float>& v, size_t n) {
     return v.data();
 }
 
-// out[a*n_rows + r] = W[r] . A[a] for a < M: fused GEMV (A rows already prepped) or tile+GEMM.
+// out[a*n_rows + r] = W[r] . A[a] for a < M: fused GEMV (A = M rows prepped by prep_x) or
+// tile + GEMM (A packed by pack_a).
 void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
                 int64_t n_rows, int64_t K, const float* A, int64_t M, float* out) {
     if (tile_path) {
         float* tile = grow(t_tile, size_t(n_rows * K));
         ks->decode(fmt, w, row_bytes, n_rows, K, tile);
-        ks->gemm(A, K, M, tile, K, n_rows, K, out, n_rows);
+        ks->gemm(A, M, tile, n_rows, K, out, n_rows);
         return;
     }
     for (int64_t a0 = 0; a0 < M; a0 += kMaxGemvTokens) {
@@ -99,7 +100,7 @@ struct LinearCtx {
     const KernelSet* ks;
     int fmt;
     bool tile_path;
-    const float* x;  // [T, K], prepped for the GEMV path
+    const float* x;  // [T, K] prepped for the GEMV path, or packed for the tile path
     int64_t T, K, N, row_stride;
     const uint8_t* w;
     const float* bias;
@@ -125,6 +126,7 @@ struct Slot {
     int32_t expert;
     int64_t first, count;  // assignments [first, first + count) in expert-sorted order
     bool tile_path;
+    int64_t xg_off, actp_off;  // float offsets of this slot's prepped/packed inputs
 };
 
 struct MoeCtx {
@@ -151,7 +153,7 @@ void moe_gate_up_job(void* p, int) {
         const int64_t r0 = (u % c.chunks_i) * kChunkRows, nr = std::min(kChunkRows, c.I - r0);
         float* g = grow(t_buf0, size_t(s.count * nr));
         float* v = grow(t_buf1, size_t(s.count * nr));
-        const float* A = c.xg + s.first * c.H;
+        const float* A = c.xg + s.xg_off;
         rows_times(c.ks, c.fmt, s.tile_path, c.gate + s.expert * c.gate_es + r0 * rb, rb, nr, c.H, A, s.count, g);
         rows_times(c.ks, c.fmt, s.tile_path, c.up + s.expert * c.up_es + r0 * rb, rb, nr, c.H, A, s.count, v);
         const float* gb = c.gb ? c.gb + s.expert * c.I + r0 : nullptr;
@@ -179,7 +181,7 @@ void moe_down_job(void* p, int) {
         // Experts in a fixed order, each unit owning its output columns: deterministic, no races.
         for (const Slot& s : c.slots) {
             float* y = grow(t_buf0, size_t(s.count * nr));
-            const float* A = (s.tile_path ? c.act : c.actp) + s.first * c.I;
+            const float* A = c.actp + s.actp_off;
             rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I, A, s.count, y);
             const float* db = c.db ? c.db + s.expert * c.H + r0 : nullptr;
             for (int64_t a = 0; a < s.count; ++a) {
@@ -256,7 +258,11 @@ HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_
         for (int64_t t = 0; t < T; ++t) c.ks->prep_x(fmt, x + t * K, xp + t * K, K);
         c.x = xp;
     } else {
-        c.x = x;
+        std::vector<const float*> rows(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
+        float* xp = grow(g_xp, size_t(packed_floats(T, K)));
+        c.ks->pack_a(rows.data(), T, K, xp);
+        c.x = xp;
     }
     c.T = T; c.K = K; c.N = N; c.row_stride = row_stride;
     c.w = w; c.bias = bias; c.out = out;
@@ -291,7 +297,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     for (int64_t e = 0; e < E; ++e) {
         const int64_t n = offset[size_t(e) + 1];
         offset[size_t(e) + 1] += offset[size_t(e)];
-        if (n) c.slots.push_back({int32_t(e), offset[size_t(e)], n, n > g_gemv_max_tokens});
+        if (n) c.slots.push_back({int32_t(e), offset[size_t(e)], n, n > g_gemv_max_tokens, 0, 0});
     }
     const int64_t n_asg = T * k;
     c.asg_token.resize(size_t(n_asg));
@@ -302,22 +308,35 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
         c.asg_token[size_t(pos)] = int32_t(i / k);
         c.asg_weight[size_t(pos)] = wts[i];
     }
-    c.xg = grow(g_xg, size_t(n_asg * H));
+    // Per-slot inputs: GEMV slots get prep_x'd rows, tile slots the GEMM's packed layout.
+    int64_t xg_size = 0, actp_size = 0;
+    for (Slot& s : c.slots) {
+        s.xg_off = xg_size;
+        s.actp_off = actp_size;
+        xg_size += s.tile_path ? packed_floats(s.count, H) : s.count * H;
+        actp_size += s.tile_path ? packed_floats(s.count, I) : s.count * I;
+    }
+    c.xg = grow(g_xg, size_t(xg_size));
     c.act = grow(g_act, size_t(n_asg * I));
-    c.actp = grow(g_actp, size_t(n_asg * I));
-    for (const Slot& s : c.slots)
-        for (int64_t a = s.first; a < s.first + s.count; ++a) {
-            const float* src = x + int64_t(c.asg_token[size_t(a)]) * H;
-            if (s.tile_path) std::memcpy(c.xg + a * H, src, size_t(H) * sizeof(float));
-            else c.ks->prep_x(fmt, src, c.xg + a * H, H);
-        }
+    c.actp = grow(g_actp, size_t(actp_size));
+    std::vector<const float*> rows;
+    for (const Slot& s : c.slots) {
+        rows.clear();
+        for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(x + int64_t(c.asg_token[size_t(a)]) * H);
+        if (s.tile_path) c.ks->pack_a(rows.data(), s.count, H, c.xg + s.xg_off);
+        else
+            for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.xg + s.xg_off + a * H, H);
+    }
     c.chunks_i = (I + kChunkRows - 1) / kChunkRows;
     c.chunks_h = (H + kChunkRows - 1) / kChunkRows;
     g_pool->run(moe_gate_up_job, &c);
-    for (const Slot& s : c.slots)
-        if (!s.tile_path)
-            for (int64_t a = s.first; a < s.first + s.count; ++a)
-                c.ks->prep_x(fmt, c.act + a * I, c.actp + a * I, I);
+    for (const Slot& s : c.slots) {
+        rows.clear();
+        for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(c.act + a * I);
+        if (s.tile_path) c.ks->pack_a(rows.data(), s.count, I, c.actp + s.actp_off);
+        else
+            for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.actp + s.actp_off + a * I, I);
+    }
     c.next.store(0);
     g_pool->run(moe_down_job, &c);
     return 0;

@@ -59,10 +59,18 @@ struct KernelSet {
     // tile[r*K + k] = W[r][k] as float32, natural order, bit-exact.
     void (*decode)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
                    float* tile);
-    // C[m*ldc + n] = dot(A[m*lda ...], B[n*ldb ...]) over K (K % 8 == 0), fp32 accumulate.
-    void (*gemm)(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t N,
-                 int64_t K, float* C, int64_t ldc);
+    // M rows of K floats -> Ap, the layout this ISA's gemm reads (packed_floats(M, K) floats).
+    void (*pack_a)(const float* const* rows, int64_t M, int64_t K, float* Ap);
+    // C[m*ldc + n] = dot(A[m], B[n]) over K (K % 8 == 0), A packed by pack_a, B row-major [N, K].
+    void (*gemm)(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc);
 };
+
+inline int64_t packed_floats(int64_t M, int64_t K) { return (M + 7) / 8 * 8 * K; }
+
+// Row-major copy: the packing of the ISAs whose gemm reads plain rows (scalar, AVX-512).
+inline void pack_rows(const float* const* rows, int64_t M, int64_t K, float* Ap) {
+    for (int64_t m = 0; m < M; ++m) std::memcpy(Ap + m * K, rows[m], size_t(K) * sizeof(float));
+}
 
 extern const KernelSet kScalarKernels;
 extern const KernelSet kAvx2Kernels;

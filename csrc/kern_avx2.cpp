@@ -169,50 +169,87 @@ void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_
     }
 }
 
-// MR x NR dot products sharing loads: MR activation rows against NR weight rows.
-template <int MR, int NR>
-void micro(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K, float* C, int64_t ldc) {
-    __m256 acc[MR][NR];
-    for (int m = 0; m < MR; ++m)
-        for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 8) {
-        __m256 b[NR];
-        for (int n = 0; n < NR; ++n) b[n] = _mm256_loadu_ps(B + n * ldb + k);
-        for (int m = 0; m < MR; ++m) {
-            __m256 a = _mm256_loadu_ps(A + m * lda + k);
-            for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_fmadd_ps(a, b[n], acc[m][n]);
+// Activations packed in groups of 8 rows, k-major: Ap[(g*K + k)*8 + j] = A[g*8 + j][k] (zero pad).
+// Then the GEMM broadcasts weights and keeps tokens in the vector lanes: per k it reads 64 bytes
+// of activations and 6 scalars of weights for 12 FMAs, so it runs from L2 at close to FMA speed.
+inline void transpose8(__m256* r) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20); r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20); r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31); r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+void pack_a(const float* const* rows, int64_t M, int64_t K, float* Ap) {
+    for (int64_t g = 0; g * 8 < M; ++g) {
+        const int n = int(M - g * 8 < 8 ? M - g * 8 : 8);
+        float* dst = Ap + g * K * 8;
+        for (int64_t k = 0; k < K; k += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; ++j)
+                r[j] = j < n ? _mm256_loadu_ps(rows[g * 8 + j] + k) : _mm256_setzero_ps();
+            transpose8(r);
+            for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + (k + j) * 8, r[j]);
         }
     }
-    for (int m = 0; m < MR; ++m)
-        for (int n = 0; n < NR; ++n) C[m * ldc + n] = hsum(acc[m][n]);
 }
 
-template <int MR>
-void micro_n(int nr, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K, float* C,
-             int64_t ldc) {
-    if (nr == 3) micro<MR, 3>(A, lda, B, ldb, K, C, ldc);
-    else if (nr == 2) micro<MR, 2>(A, lda, B, ldb, K, C, ldc);
-    else micro<MR, 1>(A, lda, B, ldb, K, C, ldc);
+// RB weight rows x TB groups of 8 tokens; out[t*8 + j][r] staged in tmp, scattered by the caller.
+template <int RB, int TB>
+void micro(const float* Ap, int64_t K, const float* B, int64_t ldb, float* tmp) {
+    __m256 acc[RB][TB];
+    for (int r = 0; r < RB; ++r)
+        for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+        __m256 a[TB];
+        for (int t = 0; t < TB; ++t) a[t] = _mm256_loadu_ps(Ap + (t * K + k) * 8);
+        for (int r = 0; r < RB; ++r) {
+            const __m256 w = _mm256_broadcast_ss(B + r * ldb + k);
+            for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_fmadd_ps(w, a[t], acc[r][t]);
+        }
+    }
+    for (int r = 0; r < RB; ++r)
+        for (int t = 0; t < TB; ++t) _mm256_storeu_ps(tmp + (r * 2 + t) * 8, acc[r][t]);
 }
 
-void gemm(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t N, int64_t K,
-          float* C, int64_t ldc) {
-    for (int64_t n = 0; n < N; n += 3) {
-        const int nr = int(N - n < 3 ? N - n : 3);
-        for (int64_t m = 0; m < M; m += 3) {
-            const int mr = int(M - m < 3 ? M - m : 3);
-            const float *a = A + m * lda, *b = B + n * ldb;
-            float* c = C + m * ldc + n;
-            if (mr == 3) micro_n<3>(nr, a, lda, b, ldb, K, c, ldc);
-            else if (mr == 2) micro_n<2>(nr, a, lda, b, ldb, K, c, ldc);
-            else micro_n<1>(nr, a, lda, b, ldb, K, c, ldc);
+template <int TB>
+void micro_rb(int rb, const float* Ap, int64_t K, const float* B, int64_t ldb, float* tmp) {
+    switch (rb) {
+        case 6: return micro<6, TB>(Ap, K, B, ldb, tmp);
+        case 5: return micro<5, TB>(Ap, K, B, ldb, tmp);
+        case 4: return micro<4, TB>(Ap, K, B, ldb, tmp);
+        case 3: return micro<3, TB>(Ap, K, B, ldb, tmp);
+        case 2: return micro<2, TB>(Ap, K, B, ldb, tmp);
+        default: return micro<1, TB>(Ap, K, B, ldb, tmp);
+    }
+}
+
+void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc) {
+    const int64_t groups = (M + 7) / 8;
+    alignas(32) float tmp[6 * 2 * 8];
+    for (int64_t n0 = 0; n0 < N; n0 += 6) {
+        const int rb = int(N - n0 < 6 ? N - n0 : 6);
+        for (int64_t g = 0; g < groups; g += 2) {
+            const int tb = int(groups - g < 2 ? groups - g : 2);
+            if (tb == 2) micro_rb<2>(rb, Ap + g * K * 8, K, B + n0 * K, K, tmp);
+            else micro_rb<1>(rb, Ap + g * K * 8, K, B + n0 * K, K, tmp);
+            for (int t = 0; t < tb; ++t)
+                for (int j = 0; j < 8 && (g + t) * 8 + j < M; ++j)
+                    for (int r = 0; r < rb; ++r) C[((g + t) * 8 + j) * ldc + n0 + r] = tmp[(r * 2 + t) * 8 + j];
         }
     }
 }
 
 }  // namespace
 
-const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, gemm};
+const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, pack_a, gemm};
 
 }  // namespace hm
 #pragma GCC pop_options

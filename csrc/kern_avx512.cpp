@@ -149,8 +149,8 @@ void micro_n(int nr, const float* A, int64_t lda, const float* B, int64_t ldb, i
     }
 }
 
-void gemm(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t N, int64_t K,
-          float* C, int64_t ldc) {
+void gemm_rows(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t N, int64_t K,
+               float* C, int64_t ldc) {
     for (int64_t n = 0; n < N; n += 4) {
         const int nr = int(N - n < 4 ? N - n : 4);
         for (int64_t m = 0; m < M; m += 4) {
@@ -167,9 +167,13 @@ void gemm(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, i
     }
 }
 
+void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc) {
+    gemm_rows(Ap, K, M, B, K, N, K, C, ldc);
+}
+
 }  // namespace
 
-const KernelSet kAvx512Kernels = {"avx512", prep_x, gemv, decode, gemm};
+const KernelSet kAvx512Kernels = {"avx512", prep_x, gemv, decode, pack_rows, gemm};
 
 }  // namespace hm
 #pragma GCC pop_options

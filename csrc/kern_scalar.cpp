@@ -50,8 +50,8 @@ void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_
             decode_block(fmt, w + r * row_bytes + b * bb, tile + r * K + b * kBlockElems);
 }
 
-void gemm(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t N,
-          int64_t K, float* C, int64_t ldc) {
+void gemm_rows(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t N,
+               int64_t K, float* C, int64_t ldc) {
     for (int64_t m = 0; m < M; ++m)
         for (int64_t n = 0; n < N; ++n) {
             float s = 0.f;
@@ -60,8 +60,12 @@ void gemm(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, i
         }
 }
 
+void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc) {
+    gemm_rows(Ap, K, M, B, K, N, K, C, ldc);
+}
+
 }  // namespace
 
-const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, gemm};
+const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, pack_rows, gemm};
 
 }  // namespace hm
