@@ -6,6 +6,7 @@ Relative error = ||a - b|| / ||b|| over the whole output; NaN never passes (rel_
 
 from __future__ import annotations
 
+import math
 import numpy as np
 import pytest
 import torch
@@ -99,8 +100,13 @@ def test_streamer_matches_cpu_kernels(T):
     # upload_slots=1 on 8 experts: chunks of 4 alternate between the two staging slots.
     st = ExpertStreamer(ex, SWIGLU_ALPHA, SWIGLU_LIMIT, torch.device("cpu"), OffloadOptions(upload_slots=1))
     assert st.per_slot == 4
+    turn = st.slots.turn
     for _ in range(2):  # slots are reused on the second call
         assert rel_err(st(x, ids, w), ref) < FP32_TOL
+    assert st.slots.turn - turn == 2 * math.ceil(len(torch.unique(ids)) / 4)
+    # Another layer with the same shapes shares the staging slots (one set per model, not per layer).
+    other = ExpertStreamer(random_experts(99), SWIGLU_ALPHA, SWIGLU_LIMIT, torch.device("cpu"), OffloadOptions())
+    assert other.slots is st.slots
 
 
 @pytest.mark.parametrize("mode", ["staged", "streamed"])

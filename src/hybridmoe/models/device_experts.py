@@ -20,7 +20,9 @@ from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.quant.formats import MXFP4_LUT2
 from hybridmoe.quant.torch_dequant import dequantize_torch, e8m0_to_fp32_half_torch
 
-DEFAULT_DECODE_BUDGET_BYTES = 512 << 20  # decoded weights alive at once (per chunk of experts)
+# Decoded weights (+ decoder transients) alive at once on the device: a VRAM cost on top of the
+# plan's compute buffers; 256 MiB holds one gpt-oss expert in bf16 (~175 MB with transients).
+DEFAULT_DECODE_BUDGET_BYTES = 256 << 20
 
 
 @dataclass
@@ -49,6 +51,16 @@ _LUT2 = torch.tensor(MXFP4_LUT2.tolist(), dtype=torch.float32)  # doubled E2M1 v
 _LEAN_DTYPES = (torch.float32, torch.bfloat16)  # share float32's exponent range: scales exact
 
 
+_LUTS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    key = (device, dtype)
+    if key not in _LUTS:
+        _LUTS[key] = _LUT2.to(device=device, dtype=dtype)
+    return _LUTS[key]
+
+
 def decode(raw: torch.Tensor, t: GGMLType, dtype: torch.dtype) -> torch.Tensor:
     """uint8 [..., row_bytes] -> dtype [..., K]. MXFP4 -> bf16 is exact (2-bit significands).
 
@@ -61,7 +73,7 @@ def decode(raw: torch.Tensor, t: GGMLType, dtype: torch.dtype) -> torch.Tensor:
     scale = e8m0_to_fp32_half_torch(b[..., 0]).to(dtype).unsqueeze(-1)  # [..., nb, 1]
     qs = b[..., 1:]
     codes = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # [..., nb, 32] uint8
-    w = _LUT2.to(device=raw.device, dtype=dtype)[codes.int()]
+    w = _lut(raw.device, dtype)[codes.int()]
     return w.mul_(scale).reshape(*raw.shape[:-1], -1)
 
 
@@ -111,6 +123,16 @@ def experts_per_decode(experts: RawExperts, dtype: torch.dtype, budget_bytes: in
     return max(1, budget_bytes // per_expert)
 
 
+def _select(experts: RawExperts, js: list[int]) -> tuple[torch.Tensor, ...]:
+    """gate, up, down rows of experts js. A consecutive run (always, for streamed slots) is a
+    slice: no index tensor to upload, hence no host-device sync inside the streaming loop."""
+    parts = (experts.gate, experts.up, experts.down)
+    if js == list(range(js[0], js[0] + len(js))):
+        return tuple(p[js[0] : js[0] + len(js)] for p in parts)
+    sel = torch.tensor(js, device=experts.gate.device)
+    return tuple(p.index_select(0, sel) for p in parts)
+
+
 def expert_rows(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -128,10 +150,8 @@ def expert_rows(
     per = experts_per_decode(experts, dtype, decode_budget_bytes)
     for c0 in range(0, len(todo), per):
         group = todo[c0 : c0 + per]
-        sel = torch.tensor([j for _, j in group], device=experts.gate.device)
-        wg = decode(experts.gate.index_select(0, sel), experts.ggml_type, dtype)  # [c, I, H]
-        wu = decode(experts.up.index_select(0, sel), experts.ggml_type, dtype)
-        wd = decode(experts.down.index_select(0, sel), experts.down_type, dtype)  # [c, H, I]
+        wg, wu, wd = (decode(t, ty, dtype) for t, ty in zip(  # [c, I, H], [c, I, H], [c, H, I]
+            _select(experts, [j for _, j in group]), (experts.ggml_type,) * 2 + (experts.down_type,)))
         for i, (e, j) in enumerate(group):
             r0, r1 = starts[e], starts[e + 1]
             xe = x[r0:r1]

@@ -125,66 +125,90 @@ def _pinned(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch.Tens
 
 
 class _Events:
-    """CUDA streams/events when the device is CUDA; no-ops (everything synchronous) otherwise."""
+    """A device's copy stream and event helpers; no-ops (all synchronous) unless it is CUDA."""
 
     def __init__(self, device: torch.device):
+        self.device = device
         self.cuda = device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
 
     def record(self, stream: Any = None) -> Any:
+        """An event marking the work queued so far on `stream` (default: the current stream)."""
         if not self.cuda:
             return None
         ev = torch.cuda.Event()
-        ev.record(stream if stream is not None else torch.cuda.current_stream())
+        ev.record(stream if stream is not None else torch.cuda.current_stream(self.device))
         return ev
 
     def on_copy_stream(self) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(self.copy_stream) if self.cuda else contextlib.nullcontext()
+
+    def stream_wait(self, ev: Any, stream: Any = None) -> None:
+        """Later work on `stream` (default: current) starts after `ev`; the host does not block."""
+        if ev is not None:
+            (stream if stream is not None else torch.cuda.current_stream(self.device)).wait_event(ev)
 
     @staticmethod
     def host_wait(ev: Any) -> None:
         if ev is not None:
             ev.synchronize()
 
-    @staticmethod
-    def stream_wait(ev: Any, stream: Any = None) -> None:
-        if ev is not None:
-            (stream if stream is not None else torch.cuda.current_stream()).wait_event(ev)
+
+# Staging buffers are shared by all layers with the same shapes: layers run one after another
+# (one engine thread), so one set serves the whole model instead of one per layer (120b: 36x).
+_SHARED: dict[tuple, Any] = {}
+
+
+def _shared(key: tuple, make: Any) -> Any:
+    if key not in _SHARED:
+        _SHARED[key] = make()
+    return _SHARED[key]
+
+
+class _RouteBuffers:
+    """Pinned (on CUDA machines) x / ids / weights / out buffers, grown to the largest batch."""
+
+    def __init__(self, hidden: int, k: int):
+        self.hidden, self.k = hidden, k
+        self.pin = torch.cuda.is_available()
+        self.capacity = 0
+        self.out_free: Any = None  # event: the last H2D copy out of `out` finished
+
+    def grow(self, T: int) -> None:
+        if T <= self.capacity:
+            return
+        _Events.host_wait(self.out_free)  # no copy may still read the buffer being replaced
+        cap = 1 << max(0, T - 1).bit_length()
+        self.x = _pinned((cap, self.hidden), torch.float32, self.pin)
+        self.ids = _pinned((cap, self.k), torch.int32, self.pin)
+        self.wts = _pinned((cap, self.k), torch.float32, self.pin)
+        self.out = _pinned((cap, self.hidden), torch.float32, self.pin)
+        self.capacity, self.out_free = cap, None
+
+
+def _events(device: torch.device) -> _Events:
+    return _shared(("events", device), lambda: _Events(device))  # one copy stream per device
 
 
 class HostRoute:
     """Hidden states + routing to the CPU kernels and back, through reusable (pinned) buffers.
 
-    Buffers grow to the largest batch seen and are never freed. `submit` copies in and starts the
-    kernels on their worker thread; `wait` copies the result back to the activations' device.
+    `submit` copies in and starts the kernels on their worker thread; `wait` copies the result
+    back to the activations' device. The buffers are shared by every layer, so only one
+    submitted layer may be in flight at a time.
     """
 
     def __init__(self, experts: kernels.ExpertTensors, alpha: float, limit: float):
         self.experts = experts
         self.alpha, self.limit = alpha, limit
         self.hidden = experts.dims()[0]
-        self.pin = torch.cuda.is_available()
-        self.capacity = 0
-        self._out_free: Any = None  # event: the last H2D copy out of self.out finished
-
-    def _grow(self, T: int, k: int) -> None:
-        if T <= self.capacity and self.ids.shape[1] == k:
-            return
-        _Events.host_wait(self._out_free)  # no copy may still read the buffer being replaced
-        cap = 1 << max(0, T - 1).bit_length()
-        H = self.hidden
-        self.x = _pinned((cap, H), torch.float32, self.pin)
-        self.ids = _pinned((cap, k), torch.int32, self.pin)
-        self.wts = _pinned((cap, k), torch.float32, self.pin)
-        self.out = _pinned((cap, H), torch.float32, self.pin)
-        self.capacity = cap
-        self._out_free = None
 
     def submit(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> Any:
         """Start the CPU experts for h [T, H], ids [T, k], weights [T, k] (any device)."""
         T, k = ids.shape
-        self._grow(T, k)
-        x, i, w = self.x[:T], self.ids[:T], self.wts[:T]
+        buf = _shared(("route", self.hidden, k), lambda: _RouteBuffers(self.hidden, k))
+        buf.grow(T)
+        x, i, w = buf.x[:T], buf.ids[:T], buf.wts[:T]
         x.copy_(h, non_blocking=True)
         i.copy_(ids, non_blocking=True)
         w.copy_(weights, non_blocking=True)
@@ -192,20 +216,20 @@ class HostRoute:
             torch.cuda.current_stream(h.device).synchronize()  # D2H landed before the CPU reads
         fut = kernels.moe_forward_submit(x, i, w, self.experts, swiglu_alpha=self.alpha,
                                          swiglu_limit=self.limit)
-        return fut, h.device, T
+        return fut, buf, h.device, T
 
     def wait(self, handle: Any) -> torch.Tensor:
         """[T, H] float32 on the activations' device."""
-        fut, device, T = handle
+        fut, buf, device, T = handle
         y = fut.result()
         if device.type != "cuda":
             return y.to(device)
-        _Events.host_wait(self._out_free)  # previous step's upload out of self.out is done
-        self.out[:T].copy_(y)
+        _Events.host_wait(buf.out_free)  # the previous layer's upload out of `out` is done
+        buf.out[:T].copy_(y)
         res = torch.empty((T, self.hidden), dtype=torch.float32, device=device)
-        res.copy_(self.out[:T], non_blocking=True)
-        self._out_free = torch.cuda.Event()
-        self._out_free.record(torch.cuda.current_stream(device))
+        res.copy_(buf.out[:T], non_blocking=True)
+        buf.out_free = torch.cuda.Event()
+        buf.out_free.record(torch.cuda.current_stream(device))
         return res
 
     def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -218,6 +242,18 @@ class _Slot:
     dev: list[torch.Tensor]
     host_free: Any = None  # event: the upload out of `host` finished
     dev_free: Any = None  # event: the compute reading `dev` finished
+
+
+class _SlotPair:
+    """Two staging slots used in turn, across chunks and across layers."""
+
+    def __init__(self, slots: list[_Slot]):
+        self.slots = slots
+        self.turn = 0
+
+    def next(self) -> _Slot:
+        self.turn += 1
+        return self.slots[self.turn % 2]
 
 
 class ExpertStreamer:
@@ -238,8 +274,10 @@ class ExpertStreamer:
         E = experts.num_experts
         # Two slots share the budget of `upload_slots` layers' experts.
         self.per_slot = max(1, math.ceil(E * max(1, opts.upload_slots) / 2))
-        self.events = _Events(self.device)
-        self._slots: list[_Slot] | None = None
+        self.events = _events(self.device)
+        ex = experts
+        key = ("slots", self.device, self.per_slot, ex.gate.shape[1:], ex.down.shape[1:])
+        self.slots: _SlotPair = _shared(key, lambda: _SlotPair(self._make_slots()))
 
     def _make_slots(self) -> list[_Slot]:
         pin = self.events.cuda
@@ -269,7 +307,7 @@ class ExpertStreamer:
     def _upload(self, slot: _Slot, c: int) -> Any:
         ev = self.events
         with ev.on_copy_stream():
-            _Events.stream_wait(slot.dev_free, ev.copy_stream)  # don't overwrite a slot in use
+            ev.stream_wait(slot.dev_free, ev.copy_stream)  # don't overwrite a slot in use
             for d, s in zip(slot.dev, slot.host):
                 d[:c].copy_(s[:c], non_blocking=True)
             done = ev.record(ev.copy_stream)
@@ -278,8 +316,6 @@ class ExpertStreamer:
 
     def __call__(self, h: torch.Tensor, ids_host: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """h [T, H] and weights [T, k] on the device; ids_host [T, k] int on the CPU."""
-        if self._slots is None:
-            self._slots = self._make_slots()
         ex = self.src
         H = h.shape[1]
         # Grouping on the host (ids are there already): no device sync inside the chunk loop.
@@ -287,12 +323,12 @@ class ExpertStreamer:
         hit = grouping.hit()
         x = h.index_select(0, grouping.tok).to(self.dtype)  # [R, H] rows in expert order
         y = torch.empty((x.shape[0], H), dtype=torch.float32, device=self.device)
-        for n, start in enumerate(range(0, len(hit), self.per_slot)):
+        for start in range(0, len(hit), self.per_slot):
             chunk = hit[start : start + self.per_slot]
-            slot = self._slots[n % 2]
+            slot = self.slots.next()
             _Events.host_wait(slot.host_free)  # its previous upload has left the pinned buffer
             self._gather(slot, np.asarray(chunk, dtype=np.int64))
-            _Events.stream_wait(self._upload(slot, len(chunk)))
+            self.events.stream_wait(self._upload(slot, len(chunk)))
             c = len(chunk)
             raw = RawExperts(*(t[:c] for t in slot.dev), ggml_type=ex.ggml_type, down_type=ex.ggml_type)
             expert_rows(x, y, grouping.starts, raw, [(e, j) for j, e in enumerate(chunk)], self.alpha,
