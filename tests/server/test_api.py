@@ -188,6 +188,17 @@ def test_api_key_required(server):
     assert server.request("GET", "/v1/models", key=API_KEY)[0] == 200
 
 
+def test_cors_preflight_needs_no_key(server):
+    host, port = server.base_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("OPTIONS", "/v1/chat/completions", headers={
+        "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("access-control-allow-origin") in ("*", "http://localhost:3000")
+    conn.close()
+
+
 def _busy_slots(server) -> int:
     return sum(s["is_processing"] for s in server.request("GET", "/slots")[1])
 
