@@ -146,8 +146,29 @@ def test_auto_never_streams_for_cpu_activations():
     he = HostExperts(random_experts(2), SWIGLU_ALPHA, SWIGLU_LIMIT, OffloadOptions(stream="auto"))
     ids = torch.arange(8, dtype=torch.int32).view(4, 2)
     assert he.wants_stream(torch.device("cpu"), ids) is False
-    assert HostExperts(random_experts(2), SWIGLU_ALPHA, SWIGLU_LIMIT,
-                       OffloadOptions(stream="always", upload_slots=0)).wants_stream(torch.device("cpu"), ids) is False
+    off = HostExperts(random_experts(2), SWIGLU_ALPHA, SWIGLU_LIMIT, OffloadOptions(stream="always", upload_slots=0))
+    assert off.wants_stream(torch.device("cpu"), ids) is False
+
+
+@pytest.mark.parametrize("dtype,kernel,tol", [("f32", True, FP32_TOL), ("stored", False, FP32_TOL),
+                                              ("f16", True, 2e-3), ("bf16", True, 5e-3)])
+def test_dense_modes_match_the_kernel(tiny_gguf, monkeypatch, dtype, kernel, tol):
+    import hybridmoe.models.weights as W
+
+    monkeypatch.setattr(W, "_CHUNK_BYTES", 4096)  # many row chunks: conversion/upload/matmul loops
+    mf = open_model(tiny_gguf)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(11))
+    ref = DenseLinear(mf, "output.weight", None, torch.device("cpu"))(x)  # C GEMV on the mmap
+    lin = DenseLinear(mf, "output.weight", None, torch.device("cpu"), dtype, kernel=kernel)
+    assert lin.raw is None  # not the kernel path
+    y = lin(x)
+    assert y.dtype == torch.float32 and y.shape == ref.shape
+    assert rel_err(y, ref) < tol
+
+
+def test_dense_rejects_unknown_dtype(tiny_gguf):
+    with pytest.raises(ValueError, match="dense dtype"):
+        DenseLinear(open_model(tiny_gguf), "output.weight", None, torch.device("cpu"), "int4")
 
 
 def test_offload_options_from_placement():
@@ -157,10 +178,11 @@ def test_offload_options_from_placement():
         options = PlacementOptions(upload_slots=2, gpu_dense_dtype="f16")
 
     o = OffloadOptions.from_placement(FakePlan())
-    assert (o.upload_slots, o.dense_dtype(torch.device("cuda:0")), o.dense_dtype(torch.device("cpu"))) == (2, "f16", None)
+    gpu, cpu = torch.device("cuda:0"), torch.device("cpu")
+    assert (o.upload_slots, o.dense_dtype(gpu), o.dense_dtype(cpu)) == (2, "f16", None)
     d = OffloadOptions.from_placement(object())
-    assert (d.upload_slots, d.dense_dtype(torch.device("cuda:0"))) == (1, None)
-    assert d.dtype_for(torch.device("cuda:0")) == torch.bfloat16 and d.dtype_for(torch.device("cpu")) == torch.float32
+    assert (d.upload_slots, d.dense_dtype(gpu)) == (1, None)
+    assert d.dtype_for(gpu) == torch.bfloat16 and d.dtype_for(cpu) == torch.float32
     with pytest.raises(ValueError, match="stream"):
         OffloadOptions(stream="sometimes")
 
@@ -199,7 +221,8 @@ def test_split_placement_logits_match_all_cpu(tiny_pair):
     # Layer 0: experts resident (device code path); 1: CPU kernels through the staging buffers;
     # 2: streamed hit experts; 3: untouched. Dense: f32-converted and stored-decoded paths.
     model.layers[0].experts = _expert_layer(mf, model, 0, resident=True)
-    model.layers[1].experts = _expert_layer(mf, model, 1, offload=OffloadOptions(stage_on_cpu=True, stream="never"))
+    staged = OffloadOptions(stage_on_cpu=True, stream="never")
+    model.layers[1].experts = _expert_layer(mf, model, 1, offload=staged)
     model.layers[2].experts = _expert_layer(mf, model, 2, offload=OffloadOptions(stream="always"))
     _dense_swap(mf, model, [0, 1], "f32")
     _dense_swap(mf, model, [2], "stored", kernel=False)

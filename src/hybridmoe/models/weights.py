@@ -107,7 +107,8 @@ class DenseLinear:
         self.bias = load_f32(mf, bias, device) if bias else None
         mode = dtype or _default_dense_dtype(device, info.ggml_type)
         if mode != "stored" and mode not in DENSE_DTYPES:
-            raise ValueError(f"dense dtype must be 'stored' or one of {', '.join(DENSE_DTYPES)}, got {mode!r}")
+            raise ValueError(f"dense dtype must be 'stored' or one of {', '.join(DENSE_DTYPES)}, "
+                             f"got {mode!r}")
         self.mode = mode
         self.raw: np.ndarray | None = None  # CPU mmap view for the C kernel
         self.raw_dev: torch.Tensor | None = None  # raw blocks on the device ("stored")
