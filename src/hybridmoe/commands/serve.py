@@ -52,8 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("-c", "--ctx-size", type=int, default=0, help="total context, split across slots (0 = the model's)")
     a("-np", "--parallel", type=int, default=4, help="slots (concurrent sequences)")
     a("-t", "--threads", type=int, default=None)
-    a("-b", "--batch-size", type=int, default=2048, help="max prompt tokens per engine step")
-    a("-ub", "--ubatch-size", type=int, default=512)
+    a("-b", "--batch-size", type=int, default=2048, help="logical batch: max prompt tokens per step")
+    a("-ub", "--ubatch-size", type=int, default=512, help="physical batch; a step feeds min(-b, -ub) prompt tokens")
     a("-fa", "--flash-attn", nargs="?", const="on", default="auto", type=_on_off)
     a("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None)
     a("--cpu-moe", "-cmoe", action="store_true", help="keep every expert tensor on the CPU")
@@ -166,10 +166,11 @@ def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
     from hybridmoe.server.serving import SamplingDefaults, Serving, ServingConfig
 
     try:
-        llm = LLM(path, threads=args.threads, ctx_size=args.ctx_size, batch_size=args.batch_size, **_placement(args))
+        step_tokens = max(1, min(args.batch_size, args.ubatch_size))  # as llama.cpp: ub bounds one compute
+        llm = LLM(path, threads=args.threads, ctx_size=args.ctx_size, batch_size=step_tokens, **_placement(args))
         n_parallel = max(1, args.parallel)
         per_slot = llm.ctx_size // n_parallel
-        engine = Engine(llm, n_parallel, per_slot, args.max_queue, batch_size=args.batch_size).start()
+        engine = Engine(llm, n_parallel, per_slot, args.max_queue, batch_size=step_tokens).start()
         template = Path(args.chat_template_file).read_text() if args.chat_template_file else None
         config = ServingConfig(
             model_path=path,
