@@ -123,6 +123,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per level; the median throughput is shown")
     ap.add_argument("-t", "--threads", type=int, default=None, help="server threads (started server only)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
+    ap.add_argument("--json", action="store_true", help="also print one JSON line per level")
     args = ap.parse_args()
     levels = [int(x) for x in args.streams.split(",") if x.strip()]
     proc = None
@@ -145,6 +146,11 @@ def main() -> int:
                   f"{pct(ttft, 0.5):>11.3f} {len(errors):>6}")
             for e in sorted(set(errors))[:3]:
                 print(f"        error: {e}")
+            if args.json:
+                print(json.dumps({"bench": "serve_load", "streams": n, "requests": args.requests,
+                                  "max_tokens": args.max_tokens, "tokens_per_s": statistics.median(tps),
+                                  "p50_latency_s": pct(lat, 0.5), "p99_latency_s": pct(lat, 0.99),
+                                  "p50_ttft_s": pct(ttft, 0.5), "errors": len(errors)}))
     finally:
         if proc is not None:
             proc.terminate()
