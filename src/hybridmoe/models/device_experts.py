@@ -49,8 +49,6 @@ class RawExperts:
 
 _LUT2 = torch.tensor(MXFP4_LUT2.tolist(), dtype=torch.float32)  # doubled E2M1 values
 _LEAN_DTYPES = (torch.float32, torch.bfloat16)  # share float32's exponent range: scales exact
-
-
 _LUTS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
