@@ -365,7 +365,9 @@ class HostExperts:
             return False
         n_hit = int(np.unique(ids_host.numpy()).size)
         H, I = self.experts.dims()
-        return o.cost.should_stream(n_hit, self.expert_bytes, ids_host.numel(), H, I)
+        stream = o.cost.should_stream(n_hit, self.expert_bytes, ids_host.numel(), H, I)
+        log.debug("%d tokens hit %d experts: %s", ids_host.shape[0], n_hit, "stream" if stream else "CPU")
+        return stream
 
     def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         dev = h.device
