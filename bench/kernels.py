@@ -1,0 +1,142 @@
+"""Kernel throughput on 20b shapes (H = I = 2880, 32 experts, top-4): GB/s of weight bytes for a
+cold MoE layer at T=1, GFLOP/s at T=8/64/512, the Q8_0 output head at T=1, beside the machine's
+read bandwidth measured in the same run (numpy sum over a large array, 1 and 2 threads).
+
+"Cold": each call routes to 4 experts of a fresh group, cycling through 32 experts (423 MB),
+so the weights come from RAM, not the 32 MB L3. Medians of --repeats runs. Numbers are noisy on
+a shared machine; rerun when it is quiet.
+
+    python bench/kernels.py [--threads 1 2] [--repeats 7] [--isa auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+
+import numpy as np
+import torch
+
+import hybridmoe.kernels as K
+from hybridmoe.gguf.constants import GGMLType
+
+H = I = 2880
+E, TOPK = 32, 4
+MX_ROW = H // 32 * 17
+Q8_ROW = H // 32 * 34
+
+
+def random_mxfp4(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    w = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    w[..., ::17] = rng.integers(119, 124, size=w[..., ::17].shape, dtype=np.uint8)  # scales ~1/16
+    return w
+
+
+def random_q8_0(rng: np.random.Generator, n: int) -> np.ndarray:
+    w = rng.integers(-127, 128, size=(n, H // 32, 34), dtype=np.int8).view(np.uint8)
+    w[:, :, :2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    return w.reshape(n, Q8_ROW)
+
+
+def timed(fn, repeats: int) -> tuple[float, float]:
+    """(median, best) wall seconds of `repeats` calls after one warm-up call."""
+    fn()  # warm-up (page faults, pool start)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times)
+
+
+def median_time(fn, repeats: int) -> float:
+    return timed(fn, repeats)[0]
+
+
+def read_bandwidth(buf: np.ndarray, threads: int, repeats: int) -> float:
+    """GB/s of np.sum over `buf` split across `threads` Python threads (numpy drops the GIL)."""
+    parts = np.array_split(buf, threads)
+
+    def run() -> None:
+        ts = [threading.Thread(target=np.sum, args=(p,)) for p in parts]  # numpy drops the GIL
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    return buf.nbytes / median_time(run, repeats) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--isa", default="auto")
+    ap.add_argument("--bw-gib", type=float, default=2.0, help="size of the read-bandwidth array")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[8, 64, 512])
+    ap.add_argument("--gemv-max-tokens", type=int, default=None, help="override the GEMV/tile crossover")
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    K.set_isa(args.isa)
+    if args.gemv_max_tokens is not None:
+        K.set_gemv_max_tokens(args.gemv_max_tokens)
+    rng = np.random.default_rng(0)
+    gate, up, down = (random_mxfp4(rng, (E, I, MX_ROW)) for _ in range(3))
+    experts = K.ExpertTensors(gate, up, down, torch.randn(E, I), torch.randn(E, I), torch.randn(E, H),
+                              GGMLType.MXFP4)
+    head = random_q8_0(rng, 201088)
+    bw_buf = np.ones(int(args.bw_gib * 2**30) // 8, dtype=np.float64)
+    expert_bytes = 3 * I * MX_ROW
+
+    print(f"isa={K.isa()}  repeats={args.repeats} (medians)  20b shapes H=I={H}, E={E}, top-{TOPK}")
+    rows = []
+    for nt in args.threads:
+        K.set_num_threads(nt)
+        bw = read_bandwidth(bw_buf, nt, args.repeats)
+        rows.append((nt, "read bandwidth (numpy sum)", f"{bw:.1f} GB/s", f"{bw_buf.nbytes / 2**30:.1f} GiB"))
+
+        groups = [np.arange(g * TOPK, (g + 1) * TOPK) for g in range(E // TOPK)]
+        state = {"i": 0}
+        x1 = torch.randn(1, H)
+        w1 = torch.full((1, TOPK), 0.25)
+
+        def cold_decode() -> None:
+            ids = torch.from_numpy(groups[state["i"] % len(groups)].astype(np.int32))[None]
+            state["i"] += 1
+            K.moe_forward(x1, ids, w1, experts)
+
+        t, best = timed(cold_decode, args.repeats * 4)
+        gbs = TOPK * expert_bytes / t / 1e9
+        rows.append((nt, "MoE T=1 cold, 4 experts", f"{gbs:.1f} GB/s",
+                     f"{t * 1e3:.2f} ms, {gbs / bw:.0%} of read bw; best {TOPK * expert_bytes / best / 1e9:.1f} GB/s"))
+
+        for T in args.tokens:
+            x = torch.randn(T, H)
+            ids = torch.stack([torch.randperm(E)[:TOPK] for _ in range(T)]).to(torch.int32)
+            wts = torch.softmax(torch.randn(T, TOPK), -1)
+            t, best = timed(lambda: K.moe_forward(x, ids, wts, experts), max(3, args.repeats // 2))
+            flops = T * TOPK * 2 * (2 * I * H + H * I)
+            rows.append((nt, f"MoE T={T}", f"{flops / t / 1e9:.1f} GFLOP/s",
+                         f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s"))
+
+        xh = torch.randn(1, H)
+        t, best = timed(lambda: K.linear_q8_0(xh, head), args.repeats)
+        rows.append((nt, "Q8_0 head 201088x2880 T=1", f"{head.nbytes / t / 1e9:.1f} GB/s",
+                     f"{t * 1e3:.1f} ms, {head.nbytes / t / 1e9 / bw:.0%} of read bw; best {head.nbytes / best / 1e9:.1f}"))
+        xd = torch.randn(512, H)
+        wd = head[:4096]  # attention q projection shape: 4096 x 2880 Q8_0
+        t, best = timed(lambda: K.linear_q8_0(xd, wd), max(3, args.repeats // 2))
+        flops = 2 * 512 * 4096 * H
+        rows.append((nt, "Q8_0 4096x2880 T=512", f"{flops / t / 1e9:.1f} GFLOP/s",
+                     f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s"))
+
+    print(f"| threads | case | rate | notes |\n|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+
+
+if __name__ == "__main__":
+    main()

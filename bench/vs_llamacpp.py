@@ -1,0 +1,154 @@
+"""hybridmoe vs llama.cpp (llama-cpp-python) on the same 20b-shaped synthetic GGUF, CPU only.
+
+Same threads, same context, flash attention on for llama.cpp. Each run is a fresh child process
+per engine (so peak RSS is that engine's own), engines alternating and their order flipped every
+run. Reports medians: load time, pp128 / pp512 prompt tok/s, tg64 decode tok/s, peak RSS, ratios.
+The page cache is left as it is (warm after the first load): cold-load numbers need a quiet box.
+
+llama-cpp-python is a benchmark-only tool, never a runtime dependency:
+    pip install llama-cpp-python==0.3.36        # compiles llama.cpp, 10+ minutes on 2 cores
+    python bench/vs_llamacpp.py [--model M.gguf] [--threads 2] [--ctx 4096] [--runs 3]
+Without --model it uses $HYBRIDMOE_BENCH_MODEL, then bench/out/synth-20b.gguf (made with
+`hybridmoe synth --preset 20b` when missing; 12 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PP_SIZES = (128, 512)
+TG_TOKENS = 64
+
+
+def _token_ids(n: int, vocab: int, seed: int) -> list[int]:
+    import random
+
+    rnd = random.Random(seed)
+    return [rnd.randrange(1000, min(vocab, 199_000)) for _ in range(n)]
+
+
+def _peak_rss_gib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def child_hybridmoe(model: str, threads: int, ctx: int) -> dict:
+    from hybridmoe import LLM
+    from hybridmoe.models.gpt_oss import SeqChunk
+
+    t0 = time.perf_counter()
+    llm = LLM(model, threads=threads, ctx_size=ctx, batch_size=512)
+    res = {"load_s": time.perf_counter() - t0}
+    vocab = llm.config.vocab_size
+    for n in PP_SIZES:
+        cache = llm.model.make_cache(ctx)
+        ids = _token_ids(n, vocab, n)
+        t = time.perf_counter()
+        llm.prefill(cache, ids)
+        res[f"pp{n}"] = n / (time.perf_counter() - t)
+    cache = llm.model.make_cache(ctx)
+    llm.prefill(cache, _token_ids(8, vocab, 1))
+    ids = _token_ids(TG_TOKENS, vocab, 2)
+    t = time.perf_counter()
+    for tok in ids:
+        llm.model.forward([SeqChunk(cache, [tok])])
+    res[f"tg{TG_TOKENS}"] = TG_TOKENS / (time.perf_counter() - t)
+    res["peak_rss_gib"] = _peak_rss_gib()
+    return res
+
+
+def child_llamacpp(model: str, threads: int, ctx: int) -> dict:
+    from llama_cpp import Llama
+
+    t0 = time.perf_counter()
+    llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=ctx, n_batch=512,
+                n_ubatch=512, flash_attn=True, n_gpu_layers=0, verbose=False)
+    res = {"load_s": time.perf_counter() - t0}
+    vocab = llm.n_vocab()
+    for n in PP_SIZES:
+        llm.reset()
+        ids = _token_ids(n, vocab, n)
+        t = time.perf_counter()
+        llm.eval(ids)
+        res[f"pp{n}"] = n / (time.perf_counter() - t)
+    llm.reset()
+    llm.eval(_token_ids(8, vocab, 1))
+    ids = _token_ids(TG_TOKENS, vocab, 2)
+    t = time.perf_counter()
+    for tok in ids:
+        llm.eval([tok])
+    res[f"tg{TG_TOKENS}"] = TG_TOKENS / (time.perf_counter() - t)
+    res["peak_rss_gib"] = _peak_rss_gib()
+    return res
+
+
+CHILDREN = {"hybridmoe": child_hybridmoe, "llama.cpp": child_llamacpp}
+
+
+def run_child(engine: str, model: str, threads: int, ctx: int, timeout_s: float) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", engine, "--model", model,
+           "--threads", str(threads), "--ctx", str(ctx)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"{engine} run failed (rc {r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def default_model() -> str:
+    path = os.environ.get("HYBRIDMOE_BENCH_MODEL") or os.path.join(HERE, "out", "synth-20b.gguf")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        print(f"writing {path} (hybridmoe synth --preset 20b) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "hybridmoe.cli", "synth", "--preset", "20b", "--out", path], check=True)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--engines", nargs="+", default=list(CHILDREN), choices=list(CHILDREN))
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per child run")
+    ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.child:
+        print(json.dumps(CHILDREN[args.child](args.model, args.threads, args.ctx)), flush=True)
+        return
+
+    model = args.model or default_model()
+    print(f"model={model}  threads={args.threads}  ctx={args.ctx}  runs={args.runs} (alternating)", flush=True)
+    results: dict[str, list[dict]] = {e: [] for e in args.engines}
+    for run in range(args.runs):
+        order = args.engines if run % 2 == 0 else args.engines[::-1]
+        for engine in order:
+            r = run_child(engine, model, args.threads, args.ctx, args.timeout)
+            results[engine].append(r)
+            print(f"run {run} {engine}: " + ", ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
+
+    keys = ["load_s", "pp128", "pp512", f"tg{TG_TOKENS}", "peak_rss_gib"]
+    med = {e: {k: statistics.median(r[k] for r in rs) for k in keys} for e, rs in results.items()}
+    print("\n| metric | " + " | ".join(args.engines) + (" | hybridmoe / llama.cpp |" if len(med) == 2 else " |"))
+    print("|---" * (len(args.engines) + 1 + (len(med) == 2)) + "|")
+    for k in keys:
+        row = f"| {k} | " + " | ".join(f"{med[e][k]:.2f}" for e in args.engines)
+        if len(med) == 2:
+            row += f" | {med['hybridmoe'][k] / med['llama.cpp'][k]:.2f}x"
+        print(row + " |")
+    print("(tok/s for pp/tg: higher is better; load_s and peak_rss_gib: lower is better)")
+
+
+if __name__ == "__main__":
+    main()
