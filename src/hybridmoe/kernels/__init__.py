@@ -300,17 +300,23 @@ def dequantize(raw: np.ndarray, ggml_type: GGMLType | int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- start-up
 def _self_check(name: str) -> bool:
-    """Selects `name` if it agrees with the scalar kernels on a small random problem; guards
-    against a SIMD variant that was never run on this kind of CPU."""
+    """Selects `name` if it agrees with the scalar kernels on small random problems (both formats,
+    GEMV and tile paths); guards against a SIMD variant never run on this kind of CPU."""
     rng = np.random.default_rng(0)
-    w = rng.integers(0, 256, size=(7, 4 * 17), dtype=np.uint8)
-    w[:, ::17] = rng.integers(118, 130, size=(7, 4), dtype=np.uint8)  # sane e8m0 scales
-    x = torch.from_numpy(rng.standard_normal((10, 128), dtype=np.float32))
+    weights = []
+    for t, bb in _BLOCK.items():
+        w = rng.integers(0, 256, size=(13, 4 * bb), dtype=np.uint8)
+        if t == GGMLType.MXFP4:
+            w[:, ::17] = rng.integers(118, 130, size=(13, 4), dtype=np.uint8)  # sane e8m0 scales
+        else:
+            w.reshape(13, 4, 34)[:, :, :2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+        weights.append((t, w))
+    x = torch.from_numpy(rng.standard_normal((40, 128), dtype=np.float32))
     results = []
     for variant in ("scalar", name):
         _lib_handle.hm_set_isa(variant.encode())
-        results.append([linear_mxfp4(x[:n], w) for n in (1, 10)])
-    ok = all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(*results))
+        results.append([_linear(x[:n], w, None, t) for t, w in weights for n in (1, 5, 40)])
+    ok = all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(*results))
     if not ok:
         log.warning("hybridmoe %s kernels disagree with the scalar reference; not using them", name)
         _lib_handle.hm_set_isa(b"scalar")
