@@ -24,7 +24,7 @@ def test_llama_server_command_line():
     assert (args.model, args.host, args.port, args.ctx_size) == ("model.gguf", "0.0.0.0", 8502, 0)
     assert args.flash_attn == "on" and args.jinja and args.reasoning_format == "none"
     assert serve._api_keys(args) == ["dummy"]
-    assert serve._placement(args) == {"n_gpu_layers": 999, "n_cpu_moe": 36}
+    assert serve._placement(args) == {"n_parallel": 4, "n_gpu_layers": 999, "n_cpu_moe": 36}
     assert args.unknown_flags == []
 
 
@@ -33,7 +33,7 @@ def test_defaults_match_llama_server():
     assert (args.host, args.port) == ("127.0.0.1", 8080)
     assert (args.temp, args.top_k, args.top_p, args.min_p) == (0.8, 40, 0.95, 0.05)
     assert args.reasoning_format == "auto" and args.flash_attn == "auto" and not args.metrics
-    assert serve._placement(args) == {}
+    assert serve._placement(args) == {"n_parallel": 4}
 
 
 def test_unknown_llama_flags_are_kept_not_fatal():
@@ -55,6 +55,7 @@ def test_repeatable_flags_and_placement():
                   '{"reasoning_effort": "high"}'])
     assert serve._api_keys(args) == ["a", "b", "c"]
     assert serve._placement(args) == {
+        "n_parallel": 4,
         "cpu_moe": True,
         "override_tensor": [r"blk\.1\.ffn_.*_exps=CPU", r"blk\.2\..*=CUDA0", "exps=CPU"],
     }

@@ -142,7 +142,7 @@ def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
 
 
 def _placement(args: argparse.Namespace) -> dict[str, Any]:
-    opts: dict[str, Any] = {}
+    opts: dict[str, Any] = {"n_parallel": max(1, args.parallel)}  # the plan sizes sliding-window KV per slot
     if args.n_gpu_layers is not None:
         opts["n_gpu_layers"] = args.n_gpu_layers
     if args.cpu_moe:

@@ -439,10 +439,10 @@ class Engine:
                 error=error,
             )
         )
-        slot.active = None
         slot.last_used = time.perf_counter()
-        with self._cv:
+        with self._cv:  # free count first: a caller that sees the slot idle must be able to submit
             self._n_free += 1
+            slot.active = None
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
