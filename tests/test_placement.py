@@ -88,8 +88,19 @@ def index(sparse_files):
 
 
 def plan_for(index, preset: str, **kw):
+    # The §7 byte formulas are for the file's stored types; the default converts Q8_0 to bf16.
+    kw.setdefault("gpu_dense_dtype", "stored")
     cfg, tensors = index[preset]
     return make_plan(cfg, tensors, PlacementOptions(**kw))
+
+
+def test_default_converts_quantized_dense_weights_to_bf16(index):
+    stored = plan_for(index, "120b", cpu_moe=True)
+    default = plan_for(index, "120b", cpu_moe=True, gpu_dense_dtype="bf16")
+    assert PlacementOptions().gpu_dense_dtype == "bf16"
+    s, d = stored.devices["cuda:0"].weights_by_kind, default.devices["cuda:0"].weights_by_kind
+    q8_elems = 36 * (2 * H * 4096 + 2 * H * 512) + V * H  # attention + output head
+    assert sum(d.values()) - sum(s.values()) == q8_elems * 2 - q8_elems * 34 // 32
 
 
 # --- §7 formulas, written out independently --------------------------------------------------

@@ -27,6 +27,7 @@ from hybridmoe.models.layers import (
     rms_norm,
     yarn_inv_freq,
 )
+from hybridmoe.models.offload import OffloadOptions
 from hybridmoe.models.weights import DenseLinear, ExpertLayer, load_f32
 from hybridmoe.quant.torch_dequant import dequantize_torch
 
@@ -183,12 +184,13 @@ class _Layer:
             mf.require(name, shapes[key])
         self.device = torch.device(placement.device_of(names["q"]))
         dev = self.device
+        off = OffloadOptions.from_placement(placement)
         self.sliding = cfg.layer_is_sliding(i)
         self.attn_norm = load_f32(mf, names["attn_norm"], dev)
-        self.q = DenseLinear(mf, names["q"], names["q_bias"], dev)
-        self.k = DenseLinear(mf, names["k"], names["k_bias"], dev)
-        self.v = DenseLinear(mf, names["v"], names["v_bias"], dev)
-        self.o = DenseLinear(mf, names["o"], names["o_bias"], dev)
+        self.q = DenseLinear(mf, names["q"], names["q_bias"], dev, off.dense_dtype(dev))
+        self.k = DenseLinear(mf, names["k"], names["k_bias"], dev, off.dense_dtype(dev))
+        self.v = DenseLinear(mf, names["v"], names["v_bias"], dev, off.dense_dtype(dev))
+        self.o = DenseLinear(mf, names["o"], names["o_bias"], dev, off.dense_dtype(dev))
         self.sinks = load_f32(mf, names["sinks"], dev)
         mlp_dev = torch.device(placement.device_of(names["router"]))
         self.mlp_device = mlp_dev
@@ -198,7 +200,7 @@ class _Layer:
         exp_name = names["gate_up_exps" if fused else "gate_exps"]
         self.experts = ExpertLayer(
             mf, names, fused, torch.device(placement.device_of(exp_name)),
-            cfg.expert_ffn, SWIGLU_ALPHA, SWIGLU_LIMIT,
+            cfg.expert_ffn, SWIGLU_ALPHA, SWIGLU_LIMIT, offload=off,
         )
 
 
@@ -227,7 +229,9 @@ class GptOss:
         out_dev = torch.device(placement.device_of("output.weight"))
         self.out_device = out_dev
         self.output_norm = load_f32(mf, "output_norm.weight", out_dev)
-        self.output = DenseLinear(mf, "output.weight", None, out_dev)
+        self.output = DenseLinear(
+            mf, "output.weight", None, out_dev, OffloadOptions.from_placement(placement).dense_dtype(out_dev)
+        )
         inv_freq, conc = yarn_inv_freq(
             cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, cfg.rope_original_ctx,
             cfg.yarn_beta_fast, cfg.yarn_beta_slow,

@@ -90,7 +90,7 @@ class PlacementOptions:
     vram_budget: float | None = None
     fit: bool = False
     upload_slots: int = 1
-    gpu_dense_dtype: str = "stored"
+    gpu_dense_dtype: str = "bf16"
 
     def validate(self) -> None:
         checks = [
