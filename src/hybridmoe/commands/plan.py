@@ -68,7 +68,7 @@ def options_from_args(args: argparse.Namespace) -> PlacementOptions:
 
 def run(args: argparse.Namespace) -> int:
     from hybridmoe.gguf.reader import GGUFError, open_model
-    from hybridmoe.models.gpt_oss import GptOssConfig
+    from hybridmoe.models.gpt_oss_config import GptOssConfig
 
     try:
         mf = open_model(args.model)

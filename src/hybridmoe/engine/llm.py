@@ -77,7 +77,7 @@ def _placement(model_file: Any, options: dict[str, Any], ctx_size: int, batch_si
         if any(opts.get(k) not in (None, False, 0, [], ()) for k in _GPU_INTENT_KEYS if k != "cpu_moe"):
             log.warning("no CUDA device: every tensor runs on the CPU (placement options ignored)")
         return None
-    from hybridmoe.models.gpt_oss import GptOssConfig
+    from hybridmoe.models.gpt_oss_config import GptOssConfig
     from hybridmoe.placement.memory import available_ram_bytes
     from hybridmoe.placement.plan import PlacementOptions, check_fits, make_plan, resolve_vram_budget
     from hybridmoe.placement.report import format_plan
