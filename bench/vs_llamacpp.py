@@ -57,12 +57,34 @@ def child_hybridmoe(model: str, threads: int, ctx: int) -> dict:
     cache = llm.model.make_cache(ctx)
     llm.prefill(cache, _token_ids(8, vocab, 1))
     ids = _token_ids(TG_TOKENS, vocab, 2)
+    kernel_s = _time_kernels()
     t = time.perf_counter()
     for tok in ids:
         llm.model.forward([SeqChunk(cache, [tok])])
-    res[f"tg{TG_TOKENS}"] = TG_TOKENS / (time.perf_counter() - t)
+    tg_s = time.perf_counter() - t
+    res[f"tg{TG_TOKENS}"] = TG_TOKENS / tg_s
+    res["tg_kernel_frac"] = kernel_s[0] / tg_s  # share of decode time inside the C kernels' calls
     res["peak_rss_gib"] = _peak_rss_gib()
     return res
+
+
+def _time_kernels() -> list[float]:
+    """Wraps the kernel entry points the model calls; returns a one-element accumulator of seconds."""
+    from hybridmoe import kernels
+
+    total = [0.0]
+    for name in ("moe_forward", "linear_q8_0", "linear_mxfp4"):
+        fn = getattr(kernels, name)
+
+        def timed(*a, _fn=fn, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **kw)
+            finally:
+                total[0] += time.perf_counter() - t0
+
+        setattr(kernels, name, timed)
+    return total
 
 
 def child_llamacpp(model: str, threads: int, ctx: int) -> dict:
@@ -139,6 +161,10 @@ def main() -> None:
             print(f"run {run} {engine}: " + ", ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
 
     keys = ["load_s", "pp128", "pp512", f"tg{TG_TOKENS}", "peak_rss_gib"]
+    if "hybridmoe" in results:
+        frac = statistics.median(r["tg_kernel_frac"] for r in results["hybridmoe"])
+        print(f"hybridmoe decode: {frac:.0%} of step time inside kernel calls, {1 - frac:.0%} elsewhere "
+              "(Python, torch attention/norms)")
     med = {e: {k: statistics.median(r[k] for r in rs) for k in keys} for e, rs in results.items()}
     print("\n| metric | " + " | ".join(args.engines) + (" | hybridmoe / llama.cpp |" if len(med) == 2 else " |"))
     print("|---" * (len(args.engines) + 1 + (len(med) == 2)) + "|")
