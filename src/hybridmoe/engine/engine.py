@@ -429,20 +429,14 @@ class Engine:
 
     def _finish(self, slot: _Slot, reason: str, stop_token_id: int | None = None, error: str | None = None) -> None:
         a = slot.active
-        timings = a.timings()
-        a.handle._push(
-            EngineEvent(
-                finish_reason=reason,
-                stop_token_id=stop_token_id,
-                timings=timings,
-                usage=a.usage(),
-                error=error,
-            )
-        )
+        final = EngineEvent(finish_reason=reason, stop_token_id=stop_token_id, timings=a.timings(),
+                            usage=a.usage(), error=error)
         slot.last_used = time.perf_counter()
-        with self._cv:  # free count first: a caller that sees the slot idle must be able to submit
+        # Free the slot before the caller hears of the end: a finished response implies an idle slot.
+        with self._cv:
             self._n_free += 1
             slot.active = None
+        a.handle._push(final)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
