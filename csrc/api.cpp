@@ -69,7 +69,7 @@ int64_t row_bytes_of(int fmt, int64_t K) {
 bool fmt_ok(int fmt) { return fmt == kMXFP4 || fmt == kQ8_0; }
 
 // Scratch reused across calls (guarded by g_call_mu) and per thread (tiles, partial outputs).
-std::vector<float> g_xp, g_xg, g_act, g_actp;
+std::vector<float> g_xp, g_xg, g_act, g_actp, g_ys;
 thread_local std::vector<float> t_tile, t_buf0, t_buf1;
 
 float* grow(std::vector<float>& v, size_t n) {
@@ -140,8 +140,9 @@ struct MoeCtx {
     std::vector<Slot> slots;
     std::vector<int32_t> asg_token;
     std::vector<float> asg_weight;
-    float *xg, *act, *actp, *out;
-    int64_t T, chunks_i, chunks_h;
+    std::vector<int64_t> asg_pos;  // [T*k]: sorted position of routing entry (t, j)
+    float *xg, *act, *actp, *ys, *out;
+    int64_t T, k, chunks_i, chunks_h;
     std::atomic<int64_t> next{0};
 };
 
@@ -172,23 +173,38 @@ void moe_gate_up_job(void* p, int) {
     }
 }
 
+// Down projection per (expert, row chunk): each expert's rows are read once and multiplied by
+// all of its tokens; y (+ down bias) goes to the assignment's own row of ys, so no races.
 void moe_down_job(void* p, int) {
     auto& c = *static_cast<MoeCtx*>(p);
-    const int64_t rb = row_bytes_of(c.fmt, c.I);
-    for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < c.chunks_h;) {
-        const int64_t r0 = u * kChunkRows, nr = std::min(kChunkRows, c.H - r0);
-        for (int64_t t = 0; t < c.T; ++t) std::fill_n(c.out + t * c.H + r0, nr, 0.f);
-        // Experts in a fixed order, each unit owning its output columns: deterministic, no races.
-        for (const Slot& s : c.slots) {
-            float* y = grow(t_buf0, size_t(s.count * nr));
-            const float* A = c.actp + s.actp_off;
-            rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I, A, s.count, y);
-            const float* db = c.db ? c.db + s.expert * c.H + r0 : nullptr;
-            for (int64_t a = 0; a < s.count; ++a) {
-                const float w = c.asg_weight[size_t(s.first + a)];
-                float* o = c.out + int64_t(c.asg_token[size_t(s.first + a)]) * c.H + r0;
-                for (int64_t r = 0; r < nr; ++r) o[r] += w * (y[a * nr + r] + (db ? db[r] : 0.f));
-            }
+    const int64_t rb = row_bytes_of(c.fmt, c.I), n_units = int64_t(c.slots.size()) * c.chunks_h;
+    for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
+        const Slot& s = c.slots[size_t(u / c.chunks_h)];
+        const int64_t r0 = (u % c.chunks_h) * kChunkRows, nr = std::min(kChunkRows, c.H - r0);
+        float* y = grow(t_buf0, size_t(s.count * nr));
+        rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I,
+                   c.actp + s.actp_off, s.count, y);
+        const float* db = c.db ? c.db + s.expert * c.H + r0 : nullptr;
+        for (int64_t a = 0; a < s.count; ++a) {
+            float* dst = c.ys + (s.first + a) * c.H + r0;
+            for (int64_t r = 0; r < nr; ++r) dst[r] = y[a * nr + r] + (db ? db[r] : 0.f);
+        }
+    }
+}
+
+// out[t] = sum_j w[t, j] * ys[pos(t, j)], j in routing order: deterministic for any thread count.
+void moe_combine_job(void* p, int) {
+    auto& c = *static_cast<MoeCtx*>(p);
+    const int64_t cols = 720, per_token = (c.H + cols - 1) / cols, n_units = c.T * per_token;
+    for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
+        const int64_t t = u / per_token, c0 = (u % per_token) * cols, nc = std::min(cols, c.H - c0);
+        float* o = c.out + t * c.H + c0;
+        std::fill_n(o, nc, 0.f);
+        for (int64_t j = 0; j < c.k; ++j) {
+            const int64_t a = c.asg_pos[size_t(t * c.k + j)];
+            const float w = c.asg_weight[size_t(a)];
+            const float* y = c.ys + a * c.H + c0;
+            for (int64_t r = 0; r < nc; ++r) o[r] += w * y[r];
         }
     }
 }
@@ -285,7 +301,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
         if (ids[i] < 0 || ids[i] >= E) return kErrBadExpert;
     std::lock_guard<std::mutex> lock(g_call_mu);
     MoeCtx c;
-    c.ks = g_ks; c.fmt = fmt; c.H = H; c.I = I; c.T = T;
+    c.ks = g_ks; c.fmt = fmt; c.H = H; c.I = I; c.T = T; c.k = k;
     c.gate = gate; c.up = up; c.down = down;
     c.gate_es = gate_es; c.up_es = up_es; c.down_es = down_es;
     c.gb = gate_bias; c.ub = up_bias; c.db = down_bias;
@@ -302,10 +318,12 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     const int64_t n_asg = T * k;
     c.asg_token.resize(size_t(n_asg));
     c.asg_weight.resize(size_t(n_asg));
+    c.asg_pos.resize(size_t(n_asg));
     std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
     for (int64_t i = 0; i < n_asg; ++i) {
         const int64_t pos = fill[size_t(ids[i])]++;
         c.asg_token[size_t(pos)] = int32_t(i / k);
+        c.asg_pos[size_t(i)] = pos;
         c.asg_weight[size_t(pos)] = wts[i];
     }
     // Per-slot inputs: GEMV slots get prep_x'd rows, tile slots the GEMM's packed layout.
@@ -319,6 +337,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     c.xg = grow(g_xg, size_t(xg_size));
     c.act = grow(g_act, size_t(n_asg * I));
     c.actp = grow(g_actp, size_t(actp_size));
+    c.ys = grow(g_ys, size_t(n_asg * H));
     std::vector<const float*> rows;
     for (const Slot& s : c.slots) {
         rows.clear();
@@ -339,5 +358,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     }
     c.next.store(0);
     g_pool->run(moe_down_job, &c);
+    c.next.store(0);
+    g_pool->run(moe_combine_job, &c);
     return 0;
 }
