@@ -150,6 +150,15 @@ BAD_BODIES = [
     ("bad reasoning format", {"model": "tiny-test", "messages": MSGS, "reasoning_format": "loud"}, 400),
     ("image content", {"model": "tiny-test", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400),
+    ("not an object", [1, 2, 3], 400),
+    ("empty body", b"", 400),
+    ("content a number", {"model": "tiny-test", "messages": [{"role": "user", "content": 5}]}, 400),
+    ("too many stops", {"model": "tiny-test", "messages": MSGS, "stop": list("abcdef")}, 400),
+    ("top_logprobs without logprobs", {"model": "tiny-test", "messages": MSGS, "top_logprobs": 2}, 400),
+    ("top_logprobs too many", {"model": "tiny-test", "messages": MSGS, "logprobs": True, "top_logprobs": 50}, 400),
+    ("malformed tools", {"model": "tiny-test", "messages": MSGS, "tools": [{"type": "function"}]}, 400),
+    ("bad tool_choice", {"model": "tiny-test", "messages": MSGS, "tool_choice": "sometimes"}, 400),
+    ("top_p zero", {"model": "tiny-test", "messages": MSGS, "top_p": 0}, 400),
 ]
 
 
@@ -160,6 +169,31 @@ def test_bad_input_gets_openai_error_and_server_survives(server, client, name, b
     assert set(err["error"]) == {"message", "type", "param", "code"} and err["error"]["message"]
     ok = client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=1)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+OTHER_BAD = [
+    ("POST", "/v1/completions", {"model": "tiny-test", "prompt": []}),
+    ("POST", "/v1/completions", {"model": "tiny-test", "prompt": ["a", "b"]}),
+    ("POST", "/v1/completions", {"model": "tiny-test", "prompt": "x", "max_tokens": 0}),
+    ("POST", "/tokenize", {"text": "missing content"}),
+    ("POST", "/detokenize", {"tokens": [-1]}),
+    ("POST", "/detokenize", {"tokens": "abc"}),
+    ("POST", "/apply-template", {"messages": []}),
+]
+
+
+@pytest.mark.parametrize("method,path,body", OTHER_BAD, ids=[f"{m} {p} {i}" for i, (m, p, _) in enumerate(OTHER_BAD)])
+def test_bad_input_other_endpoints(server, client, method, path, body):
+    status, err = server.request(method, path, body)
+    assert status == 400 and err["error"]["type"] == "invalid_request_error", err
+    assert client.completions.create(model="tiny-test", prompt="ok", max_tokens=1).choices
+
+
+def test_huge_max_tokens_is_clamped_to_the_context(client):
+    # Forced short output keeps the test bounded; what matters is that 10**9 is accepted.
+    r = client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=10**9,
+                                       extra_body={"test_forced_output": "Hi<|return|>"})
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == "Hi"
 
 
 def test_bad_input_through_openai_client(client):
