@@ -27,7 +27,7 @@ constexpr int kErrBadArg = -1, kErrBadExpert = -2, kErrBadIsa = -3;
 std::mutex g_call_mu;  // one op at a time owns the pool and the scratch buffers
 std::unique_ptr<ThreadPool> g_pool;
 const KernelSet* g_ks = nullptr;
-int g_gemv_max_tokens = 10;  // per-expert token count up to which the fused GEMV beats the tile GEMM
+int g_gemv_max_tokens = 8;  // per-expert token count up to which the fused GEMV beats the tile GEMM
 
 bool cpu_has_f16c() {
     unsigned a, b, c, d;

@@ -207,12 +207,27 @@ void micro(const float* Ap, int64_t K, const float* B, int64_t ldb, float* tmp) 
     __m256 acc[RB][TB];
     for (int r = 0; r < RB; ++r)
         for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-        __m256 a[TB];
-        for (int t = 0; t < TB; ++t) a[t] = _mm256_loadu_ps(Ap + (t * K + k) * 8);
-        for (int r = 0; r < RB; ++r) {
-            const __m256 w = _mm256_broadcast_ss(B + r * ldb + k);
-            for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_fmadd_ps(w, a[t], acc[r][t]);
+    if constexpr (TB == 1) {
+        // One token group: even and odd k accumulate separately, else the RB FMA chains (4-cycle
+        // latency) and not the FMA ports would set the pace.
+        __m256 odd[RB];
+        for (int r = 0; r < RB; ++r) odd[r] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 2) {  // K is even (a multiple of 8)
+            const __m256 a0 = _mm256_loadu_ps(Ap + k * 8), a1 = _mm256_loadu_ps(Ap + (k + 1) * 8);
+            for (int r = 0; r < RB; ++r) {
+                acc[r][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(B + r * ldb + k), a0, acc[r][0]);
+                odd[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(B + r * ldb + k + 1), a1, odd[r]);
+            }
+        }
+        for (int r = 0; r < RB; ++r) acc[r][0] = _mm256_add_ps(acc[r][0], odd[r]);
+    } else {
+        for (int64_t k = 0; k < K; ++k) {
+            __m256 a[TB];
+            for (int t = 0; t < TB; ++t) a[t] = _mm256_loadu_ps(Ap + (t * K + k) * 8);
+            for (int r = 0; r < RB; ++r) {
+                const __m256 w = _mm256_broadcast_ss(B + r * ldb + k);
+                for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_fmadd_ps(w, a[t], acc[r][t]);
+            }
         }
     }
     for (int r = 0; r < RB; ++r)
