@@ -123,6 +123,11 @@ class LLM:
         self.batch_size = max(1, batch_size)
         self.load_seconds = time.perf_counter() - t0
 
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF's `tokenizer.chat_template` (Jinja), if the file carries one."""
+        return self.file.metadata.get("tokenizer.chat_template")
+
     # --- tokens --------------------------------------------------------------------------
     def tokenize(self, text: str, allow_special: bool = True) -> list[int]:
         return self.tokenizer.encode(text, allow_special=allow_special)

@@ -91,7 +91,7 @@ class Serving:
         self.llm = llm
         self.config = config
         self.tokenizer = llm.tokenizer
-        self.template = config.chat_template or llm.file.metadata.get("tokenizer.chat_template")
+        self.template = config.chat_template or llm.chat_template
         if not self.template:
             raise ValueError(f"{config.model_path} has no tokenizer.chat_template; pass --chat-template-file")
         path = Path(config.model_path)
