@@ -72,6 +72,13 @@ inline void pack_rows(const float* const* rows, int64_t M, int64_t K, float* Ap)
     for (int64_t m = 0; m < M; ++m) std::memcpy(Ap + m * K, rows[m], size_t(K) * sizeof(float));
 }
 
+// The AVX2 tile GEMM, shared by the AVX-512 set: 512-bit FMAs gain nothing on double-pumped
+// cores (Zen 4), and this one is exercised on every machine the tests run on.
+namespace avx2 {
+void pack_a(const float* const* rows, int64_t M, int64_t K, float* Ap);
+void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc);
+}  // namespace avx2
+
 extern const KernelSet kScalarKernels;
 extern const KernelSet kAvx2Kernels;
 extern const KernelSet kAvx512Kernels;

@@ -264,7 +264,14 @@ void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, floa
 
 }  // namespace
 
-const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, pack_a, gemm};
+namespace avx2 {
+void pack_a(const float* const* rows, int64_t M, int64_t K, float* Ap) { hm::pack_a(rows, M, K, Ap); }
+void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc) {
+    hm::gemm(Ap, M, B, N, K, C, ldc);
+}
+}  // namespace avx2
+
+const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm};
 
 }  // namespace hm
 #pragma GCC pop_options

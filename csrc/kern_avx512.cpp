@@ -1,5 +1,6 @@
-// AVX-512 (F/BW/VL) kernels. 16 lanes let one vpermps do the whole 16-entry E2M1 lookup, so the
-// activations stay in natural order. Internal linkage only, as in kern_avx2.cpp.
+// AVX-512 (F/BW/VL) GEMV and decode. 16 lanes let one vpermps do the whole 16-entry E2M1 lookup,
+// so the activations stay in natural order. The tile GEMM is the AVX2 one (see common.h).
+// Internal linkage only, as in kern_avx2.cpp.
 #include "common.h"
 
 #pragma GCC push_options
@@ -119,61 +120,9 @@ void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_
         }
 }
 
-template <int MR, int NR>
-void micro(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K, float* C, int64_t ldc) {
-    __m512 acc[MR][NR];
-    for (int m = 0; m < MR; ++m)
-        for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        // K is a multiple of 8: the last step may be half a vector.
-        const __mmask16 mask = K - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (K - k)) - 1);
-        __m512 b[NR];
-        for (int n = 0; n < NR; ++n) b[n] = _mm512_maskz_loadu_ps(mask, B + n * ldb + k);
-        for (int m = 0; m < MR; ++m) {
-            __m512 a = _mm512_maskz_loadu_ps(mask, A + m * lda + k);
-            for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(a, b[n], acc[m][n]);
-        }
-    }
-    for (int m = 0; m < MR; ++m)
-        for (int n = 0; n < NR; ++n) C[m * ldc + n] = _mm512_reduce_add_ps(acc[m][n]);
-}
-
-template <int MR>
-void micro_n(int nr, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K, float* C,
-             int64_t ldc) {
-    switch (nr) {
-        case 4: return micro<MR, 4>(A, lda, B, ldb, K, C, ldc);
-        case 3: return micro<MR, 3>(A, lda, B, ldb, K, C, ldc);
-        case 2: return micro<MR, 2>(A, lda, B, ldb, K, C, ldc);
-        default: return micro<MR, 1>(A, lda, B, ldb, K, C, ldc);
-    }
-}
-
-void gemm_rows(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t N, int64_t K,
-               float* C, int64_t ldc) {
-    for (int64_t n = 0; n < N; n += 4) {
-        const int nr = int(N - n < 4 ? N - n : 4);
-        for (int64_t m = 0; m < M; m += 4) {
-            const int mr = int(M - m < 4 ? M - m : 4);
-            const float *a = A + m * lda, *b = B + n * ldb;
-            float* c = C + m * ldc + n;
-            switch (mr) {
-                case 4: micro_n<4>(nr, a, lda, b, ldb, K, c, ldc); break;
-                case 3: micro_n<3>(nr, a, lda, b, ldb, K, c, ldc); break;
-                case 2: micro_n<2>(nr, a, lda, b, ldb, K, c, ldc); break;
-                default: micro_n<1>(nr, a, lda, b, ldb, K, c, ldc);
-            }
-        }
-    }
-}
-
-void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc) {
-    gemm_rows(Ap, K, M, B, K, N, K, C, ldc);
-}
-
 }  // namespace
 
-const KernelSet kAvx512Kernels = {"avx512", prep_x, gemv, decode, pack_rows, gemm};
+const KernelSet kAvx512Kernels = {"avx512", prep_x, gemv, decode, avx2::pack_a, avx2::gemm};
 
 }  // namespace hm
 #pragma GCC pop_options
