@@ -10,7 +10,7 @@ namespace hm {
 constexpr int kBlockElems = 32;     // MXFP4 and Q8_0 both hold 32 weights per block
 constexpr int kMxfp4Bytes = 17;     // uint8 e8m0 scale + 16 bytes of nibbles
 constexpr int kQ8_0Bytes = 34;      // fp16 scale + 32 int8
-constexpr int kMaxGemvTokens = 4;   // tokens sharing one decode in the fused GEMV
+constexpr int kMaxGemvTokens = 8;   // tokens sharing one decode in the fused GEMV
 
 enum Format : int { kMXFP4 = 39, kQ8_0 = 8 };
 

@@ -97,7 +97,7 @@ inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, co
         __m256 s1 = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xb + 24), _mm256_mul_ps(f[2], _mm256_loadu_ps(xb + 16)));
         acc[0] = _mm256_fmadd_ps(s0, d, acc[0]);
         acc[1] = _mm256_fmadd_ps(s1, d, acc[1]);
-    } else {
+    } else if constexpr (NT <= 4) {
         for (int i = 0; i < 4; ++i) f[i] = _mm256_mul_ps(f[i], d);
         for (int t = 0; t < NT; ++t) {
             const float* xb = xs[t] + b * kBlockElems;
@@ -105,6 +105,12 @@ inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, co
             acc[2 * t + 1] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(xb + 8), acc[2 * t + 1]);
             acc[2 * t] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(xb + 16), acc[2 * t]);
             acc[2 * t + 1] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(xb + 24), acc[2 * t + 1]);
+        }
+    } else {  // 5..8 tokens: one accumulator each (registers), enough independent chains anyway
+        for (int i = 0; i < 4; ++i) f[i] = _mm256_mul_ps(f[i], d);
+        for (int t = 0; t < NT; ++t) {
+            const float* xb = xs[t] + b * kBlockElems;
+            for (int i = 0; i < 4; ++i) acc[t] = _mm256_fmadd_ps(f[i], _mm256_loadu_ps(xb + 8 * i), acc[t]);
         }
     }
 }
@@ -116,10 +122,12 @@ void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, cons
     const MxConsts c;
     for (int64_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = w + r * row_bytes;
-        __m256 acc[2 * NT];
-        for (int i = 0; i < 2 * NT; ++i) acc[i] = _mm256_setzero_ps();
+        constexpr int n_acc = NT <= 4 ? 2 * NT : NT;
+        __m256 acc[n_acc];
+        for (int i = 0; i < n_acc; ++i) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) gemv_block<FMT, NT>(row, b, xs, c, acc);
-        for (int t = 0; t < NT; ++t) out[t * ldo + r] = hsum(_mm256_add_ps(acc[2 * t], acc[2 * t + 1]));
+        for (int t = 0; t < NT; ++t)
+            out[t * ldo + r] = hsum(NT <= 4 ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[t]);
     }
 }
 
@@ -130,7 +138,11 @@ void gemv_fmt(const uint8_t* w, int64_t rb, int64_t n, int64_t K, const float* c
         case 1: return gemv_t<FMT, 1>(w, rb, n, K, xs, out, ldo);
         case 2: return gemv_t<FMT, 2>(w, rb, n, K, xs, out, ldo);
         case 3: return gemv_t<FMT, 3>(w, rb, n, K, xs, out, ldo);
-        default: return gemv_t<FMT, 4>(w, rb, n, K, xs, out, ldo);
+        case 4: return gemv_t<FMT, 4>(w, rb, n, K, xs, out, ldo);
+        case 5: return gemv_t<FMT, 5>(w, rb, n, K, xs, out, ldo);
+        case 6: return gemv_t<FMT, 6>(w, rb, n, K, xs, out, ldo);
+        case 7: return gemv_t<FMT, 7>(w, rb, n, K, xs, out, ldo);
+        default: return gemv_t<FMT, 8>(w, rb, n, K, xs, out, ldo);
     }
 }
 

@@ -89,7 +89,11 @@ void gemv_fmt(const uint8_t* w, int64_t rb, int64_t n, int64_t K, const float* c
         case 1: return gemv_t<FMT, 1>(w, rb, n, K, xs, out, ldo);
         case 2: return gemv_t<FMT, 2>(w, rb, n, K, xs, out, ldo);
         case 3: return gemv_t<FMT, 3>(w, rb, n, K, xs, out, ldo);
-        default: return gemv_t<FMT, 4>(w, rb, n, K, xs, out, ldo);
+        case 4: return gemv_t<FMT, 4>(w, rb, n, K, xs, out, ldo);
+        case 5: return gemv_t<FMT, 5>(w, rb, n, K, xs, out, ldo);
+        case 6: return gemv_t<FMT, 6>(w, rb, n, K, xs, out, ldo);
+        case 7: return gemv_t<FMT, 7>(w, rb, n, K, xs, out, ldo);
+        default: return gemv_t<FMT, 8>(w, rb, n, K, xs, out, ldo);
     }
 }
 

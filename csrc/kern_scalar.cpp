@@ -29,7 +29,7 @@ void gemv(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t 
     float wf[kBlockElems];
     for (int64_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = w + r * row_bytes;
-        float acc[kMaxGemvTokens] = {0, 0, 0, 0};
+        float acc[kMaxGemvTokens] = {};
         for (int64_t b = 0; b < nb; ++b) {
             decode_block(fmt, row + b * bb, wf);
             for (int t = 0; t < nt; ++t) {

@@ -52,7 +52,7 @@ def test_mxfp4_every_code_and_scale(isa, use_isa):
 
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("t", TYPES)
-@pytest.mark.parametrize("T", [1, 3, 4, 5, 9, 33])
+@pytest.mark.parametrize("T", [1, 3, 4, 5, 8, 9, 33])
 def test_linear_matches_dequant_matmul(isa, t, T, use_isa):
     use_isa(isa)
     rng = np.random.default_rng()
