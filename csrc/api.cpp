@@ -27,7 +27,7 @@ constexpr int kErrBadArg = -1, kErrBadExpert = -2, kErrBadIsa = -3;
 std::mutex g_call_mu;  // one op at a time owns the pool and the scratch buffers
 std::unique_ptr<ThreadPool> g_pool;
 const KernelSet* g_ks = nullptr;
-int g_gemv_max_tokens = 8;  // per-expert token count up to which the fused GEMV beats the tile GEMM
+std::atomic<int> g_gemv_max_tokens{8};  // tokens per expert up to which the fused GEMV beats tile+GEMM
 
 bool cpu_has_f16c() {
     unsigned a, b, c, d;
@@ -308,12 +308,13 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     c.alpha = alpha; c.limit = limit; c.out = out;
 
     // Group the T*k assignments by expert (counting sort, stable in token order).
+    const int64_t gemv_max = g_gemv_max_tokens.load();
     std::vector<int64_t> offset(size_t(E) + 1, 0);
     for (int64_t i = 0; i < T * k; ++i) ++offset[size_t(ids[i]) + 1];
     for (int64_t e = 0; e < E; ++e) {
         const int64_t n = offset[size_t(e) + 1];
         offset[size_t(e) + 1] += offset[size_t(e)];
-        if (n) c.slots.push_back({int32_t(e), offset[size_t(e)], n, n > g_gemv_max_tokens, 0, 0});
+        if (n) c.slots.push_back({int32_t(e), offset[size_t(e)], n, n > gemv_max, 0, 0});
     }
     const int64_t n_asg = T * k;
     c.asg_token.resize(size_t(n_asg));
