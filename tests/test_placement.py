@@ -94,13 +94,24 @@ def plan_for(index, preset: str, **kw):
     return make_plan(cfg, tensors, PlacementOptions(**kw))
 
 
-def test_default_converts_quantized_dense_weights_to_bf16(index):
+def test_bf16_dense_weights_cost_exactly_their_bf16_bytes(index):
     stored = plan_for(index, "120b", cpu_moe=True)
-    default = plan_for(index, "120b", cpu_moe=True, gpu_dense_dtype="bf16")
-    assert PlacementOptions().gpu_dense_dtype == "bf16"
-    s, d = stored.devices["cuda:0"].weights_by_kind, default.devices["cuda:0"].weights_by_kind
+    bf16 = plan_for(index, "120b", cpu_moe=True, gpu_dense_dtype="bf16")
+    s, d = stored.devices["cuda:0"].weights_by_kind, bf16.devices["cuda:0"].weights_by_kind
     q8_elems = 36 * (2 * H * 4096 + 2 * H * 512) + V * H  # attention + output head
     assert sum(d.values()) - sum(s.values()) == q8_elems * 2 - q8_elems * 34 // 32
+
+
+@pytest.mark.parametrize("budget,expect", [(None, "stored"), (6.0, "bf16"), (4.0, "stored")])
+def test_auto_dense_dtype_uses_bf16_only_when_it_fits(index, monkeypatch, budget, expect):
+    monkeypatch.setattr(plan_mod, "cuda_free_bytes", lambda device: None)
+    assert PlacementOptions().gpu_dense_dtype == "auto"
+    p = plan_for(index, "120b", cpu_moe=True, ctx_size=4096, n_parallel=1, gpu_dense_dtype="auto",
+                 vram_budget=budget)
+    assert p.options.gpu_dense_dtype == expect
+    ref = plan_for(index, "120b", cpu_moe=True, ctx_size=4096, n_parallel=1, gpu_dense_dtype=expect)
+    assert p.devices["cuda:0"].total_bytes == ref.devices["cuda:0"].total_bytes
+    assert any("dense GPU weights" in n for n in p.notes)
 
 
 # --- §7 formulas, written out independently --------------------------------------------------

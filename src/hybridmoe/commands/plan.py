@@ -48,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--kv-bytes", type=float, default=2.0, help="bytes per cached K/V value (2 = f16)")
     a("--upload-slots", type=int, default=1,
       help="GPU buffers of one layer's CPU experts for prompt batches (0 = none)")
-    a("--gpu-dense-dtype", default="bf16", choices=["stored", "bf16", "f16", "f32"],
+    a("--gpu-dense-dtype", default="auto", choices=["auto", "stored", "bf16", "f16", "f32"],
       help="quantized non-expert weights on the GPU: kept as stored, or converted at load")
     a("--gpu-device", default="cuda:0", help="the GPU device (cuda:N, CUDA0, or cpu for CPU-only)")
     a("--vram-budget", type=float, default=None, help="GiB the plan may use on the GPU")

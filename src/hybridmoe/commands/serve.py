@@ -61,6 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("-ot", "--override-tensor", action="append", default=[], help="REGEX=DEVICE[,...] (repeatable)")
     a("--fit", nargs="?", const="on", default=None, type=_on_off, help="choose placement to fit VRAM")
     a("--vram-budget", type=float, default=None, help="GiB of VRAM the plan may use")
+    a("--gpu-dense-dtype", default=None, choices=["auto", "stored", "bf16", "f16", "f32"],
+      help="Q8_0 non-expert weights on the GPU: bf16 when it fits (auto), or as stored")
     a("--jinja", action="store_true", help="accepted; the GGUF's Jinja template is always used")
     a("--chat-template-file", default=None)
     a("--reasoning-format", choices=["none", "auto", "deepseek"], default="auto")
@@ -155,6 +157,8 @@ def _placement(args: argparse.Namespace) -> dict[str, Any]:
         opts["fit"] = args.fit == "on"
     if args.vram_budget is not None:
         opts["vram_budget"] = args.vram_budget
+    if args.gpu_dense_dtype is not None:
+        opts["gpu_dense_dtype"] = args.gpu_dense_dtype
     return opts
 
 

@@ -43,6 +43,7 @@ from hybridmoe.placement.rules import (
 
 
 DENSE_DTYPE_BYTES = {"stored": None, "bf16": 2, "f16": 2, "f32": 4}
+DENSE_DTYPE_CHOICES = ("auto", *DENSE_DTYPE_BYTES)
 
 
 class TensorLike(Protocol):
@@ -90,7 +91,7 @@ class PlacementOptions:
     vram_budget: float | None = None
     fit: bool = False
     upload_slots: int = 1
-    gpu_dense_dtype: str = "bf16"
+    gpu_dense_dtype: str = "auto"
 
     def validate(self) -> None:
         checks = [
@@ -112,8 +113,8 @@ class PlacementOptions:
             normalize_device(self.gpu_device)
         except PlacementError as e:
             raise PlacementError(f"--gpu-device: {e}") from None
-        if self.gpu_dense_dtype not in DENSE_DTYPE_BYTES:
-            raise PlacementError(f"gpu_dense_dtype must be one of {', '.join(DENSE_DTYPE_BYTES)}, "
+        if self.gpu_dense_dtype not in DENSE_DTYPE_CHOICES:
+            raise PlacementError(f"gpu_dense_dtype must be one of {', '.join(DENSE_DTYPE_CHOICES)}, "
                                  f"got {self.gpu_dense_dtype!r}")
         if isinstance(self.override_tensor, str):
             raise PlacementError("override_tensor must be a list of 'REGEX=DEVICE' strings, not a str")
@@ -334,7 +335,24 @@ def _account(cfg: ModelShape, tensors: list[TensorPlacement], opts: PlacementOpt
 
 
 def _plan_for(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
+    if opts.gpu_dense_dtype == "auto":
+        return _auto_dense(cfg, tensors, opts)
     return _account(cfg, _assign(cfg, tensors, opts), opts)
+
+
+def _auto_dense(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
+    """bf16 dense GPU weights (fast matmuls) when they fit the VRAM budget, else kept as stored
+    (Q8_0 is 0.53x the bytes, decoded per call): an 8 GB card at -c 0 needs the latter."""
+    budget = resolve_vram_budget(opts)
+    fast = _plan_for(cfg, tensors, dataclasses.replace(opts, gpu_dense_dtype="bf16"))
+    gpu = normalize_device(opts.gpu_device)
+    if budget is not None and (gpu not in fast.devices or fast.devices[gpu].total_bytes <= budget):
+        fast.notes.append(f"dense GPU weights: bf16 (fits the {_g(budget)} budget)")
+        return fast
+    small = _plan_for(cfg, tensors, dataclasses.replace(opts, gpu_dense_dtype="stored"))
+    why = "no VRAM budget known" if budget is None else f"bf16 would exceed the {_g(budget)} budget"
+    small.notes.append(f"dense GPU weights: kept as stored ({why}; --gpu-dense-dtype bf16 forces it)")
+    return small
 
 
 def resolve_vram_budget(opts: PlacementOptions) -> int | None:
@@ -411,7 +429,8 @@ def fit_plan(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOpt
             else:
                 hi = mid - 1
     g = sum(d != CPU for d in best.expert_devices)
-    best.options = dataclasses.replace(opts, n_cpu_moe=L - g)
+    best.options = dataclasses.replace(
+        opts, n_cpu_moe=L - g, gpu_dense_dtype=best.options.gpu_dense_dtype)
     note = (f"fit: budget {_g(budget_bytes)} on {gpu}; {g} of {L} expert layers on the GPU "
             f"(--n-cpu-moe {L - g}) need {_g(gpu_total(best))}")
     if g < L:
