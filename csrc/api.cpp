@@ -363,3 +363,42 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     g_pool->run(moe_combine_job, &c);
     return 0;
 }
+
+// ---------------------------------------------------------------- read-bandwidth probe
+// Sums 64-bit words of [p, p + n_bytes) on all pool threads: the read-bandwidth yardstick the
+// benchmarks put beside the kernels (same loads, same threads, no compute to hide behind).
+namespace hm {
+namespace {
+struct ProbeCtx {
+    const uint64_t* p;
+    int64_t n_words, n_units;
+    std::atomic<int64_t> next{0};
+    std::atomic<uint64_t> sum{0};
+};
+constexpr int64_t kProbeWords = 1 << 16;  // 512 KB per unit
+
+void probe_job(void* ctx, int) {
+    auto& c = *static_cast<ProbeCtx*>(ctx);
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < c.n_units;) {
+        const int64_t i0 = u * kProbeWords, i1 = std::min(c.n_words, i0 + kProbeWords);
+        int64_t i = i0;
+        for (; i + 4 <= i1; i += 4) {
+            s0 += c.p[i]; s1 += c.p[i + 1]; s2 += c.p[i + 2]; s3 += c.p[i + 3];
+        }
+        for (; i < i1; ++i) s0 += c.p[i];
+    }
+    c.sum.fetch_add(s0 + s1 + s2 + s3, std::memory_order_relaxed);
+}
+}  // namespace
+}  // namespace hm
+
+HM_API uint64_t hm_read_probe(const uint8_t* p, int64_t n_bytes) {
+    std::lock_guard<std::mutex> lock(g_call_mu);
+    ProbeCtx c;
+    c.p = reinterpret_cast<const uint64_t*>(p);
+    c.n_words = n_bytes / 8;
+    c.n_units = (c.n_words + kProbeWords - 1) / kProbeWords;
+    g_pool->run(probe_job, &c);
+    return c.sum.load();
+}
