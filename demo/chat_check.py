@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--port", type=int, default=8093)
     ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("-n", type=int, default=len(PROMPTS), help="send only the first n prompts")
     args = ap.parse_args()
     cmd = [sys.executable, "-m", "hybridmoe.cli", "serve", "--port", str(args.port), "-t", "1"]
     if args.model:
@@ -61,7 +62,7 @@ def main() -> None:
     results = []
     try:
         wait_ready(base, proc)
-        for i, p in enumerate(PROMPTS):
+        for i, p in enumerate(PROMPTS[:args.n]):
             t = time.time()
             r = post(base + "/v1/chat/completions", {"messages": [{"role": "user", "content": p}],
                                                      "max_tokens": args.max_tokens, "seed": i})

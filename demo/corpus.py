@@ -29,6 +29,7 @@ SWORD_MODULES = [  # (source name, data path, block-index extension prefix, vers
     ("mhcc", "comments/zcom/mhcc", "bz", 10),
     ("tdavid", "comments/zcom/tdavid", "cz", 12),
 ]
+MAX_ANSWER = 400  # characters (~100 tokens): chat replies stop well before 200 tokens
 VAL_BUCKETS = 50  # 1 document in 50 goes to validation
 
 # ---------------------------------------------------------------- download + unpack
@@ -242,23 +243,23 @@ def chat_turn(user: str, answer: str) -> tuple[str, str]:
 
 
 def chat_examples(doc: dict, rng: random.Random) -> list[str]:
-    """Turn one document into chat examples of 1-4 sentences (at most ~500 characters) each."""
+    """Turn one document into chat examples of 1-3 sentences (at most ~400 characters) each."""
     if doc["src"] == "devil":
         head = doc["head"].lower() if rng.random() < 0.7 else doc["head"].capitalize()
         body = re.sub(r"^[A-Z][A-Z' -]*,\s*", "", doc["text"], count=1)
-        answer = " ".join(sentences(body)[:3])[:500]
+        answer = " ".join(sentences(body)[:3])[:MAX_ANSWER]
         user = rng.choice(DEVIL_PROMPTS).format(h=head)
         pairs = [chat_turn(user, answer)]
     else:
         sents = sentences(doc["text"])
         pairs, i = [], 1
         while i < len(sents):
-            n = rng.randint(1, 4)
+            n = rng.randint(1, 3)
             answer = " ".join(sents[i:i + n])
-            while len(answer) > 500 and n > 1:
+            while len(answer) > MAX_ANSWER and n > 1:
                 n -= 1
                 answer = " ".join(sents[i:i + n])
-            if len(answer) <= 500:
+            if len(answer) <= MAX_ANSWER:
                 user = rng.choice(PROMPTS).format(s=sents[i - 1][:200].rstrip("?"))
                 pairs.append(chat_turn(user, answer))
             i += n + 1

@@ -90,9 +90,12 @@ def write_test_sample(tok: Tokenizer, target_bytes: int = 6500) -> None:
     rows = [json.loads(line) for line in open(WORK / "corpus" / "val.jsonl")]
     picked, size = [], 0
     for src, kind in [("web", "text"), ("devil", "chat"), ("tdavid", "chat"), ("pydoc", "text"),
-                      ("mhcc", "chat"), ("devil", "text"), ("web", "chat"), ("tdavid", "text")]:
-        doc = next(r["text"] for r in rows if r["src"] == src and r["kind"] == kind)[:1500]
-        picked.append(doc)
+                      ("mhcc", "chat"), ("devil", "text"), ("web", "chat"), ("tdavid", "text"),
+                      ("pydoc", "chat"), ("mhcc", "text")]:
+        doc = next((r["text"] for r in rows if r["src"] == src and r["kind"] == kind), None)
+        if doc is None:
+            continue
+        picked.append(doc[:1500])
         size += len(doc.encode())
         if size >= target_bytes:
             break

@@ -60,6 +60,24 @@ def load_tokens(split: str, tok: Tokenizer) -> np.ndarray:
     return arr
 
 
+def loss_mask(ids: np.ndarray, tok: Tokenizer) -> np.ndarray:
+    """False at each <|end|> that closes an assistant message (a past turn of a multi-turn chat): the
+    model sees it in context but is never trained to emit it, so generated answers end in <|return|>.
+    An <|end|> closes an assistant message iff a <|channel|> came after the last <|start|>."""
+    start, channel, end = (tok.token_to_id(s) for s in ("<|start|>", "<|channel|>", "<|end|>"))
+    mask = np.ones(len(ids), dtype=bool)
+    in_assistant = False
+    for i in np.flatnonzero((ids == start) | (ids == channel) | (ids == end)).tolist():
+        t = ids[i]
+        if t == start:
+            in_assistant = False
+        elif t == channel:
+            in_assistant = True
+        elif in_assistant:
+            mask[i] = False
+    return mask
+
+
 def val_windows(val: np.ndarray, seq: int, max_windows: int) -> torch.Tensor:
     n = min(max_windows, (len(val) - 1) // seq)
     step = (len(val) - 1) // n
@@ -122,6 +140,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     tok = Tokenizer.from_file(str(WORK / "tokenizer.json"))
     train, val = load_tokens("train", tok), load_tokens("val", tok)
+    train_mask = torch.from_numpy(loss_mask(train, tok))
     windows = val_windows(val, args.seq, 48)
     model = GptOssForCausalLM._from_config(model_config(tok.get_vocab_size()), attn_implementation="eager")
     model.train()
@@ -138,12 +157,13 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     if not args.bench:
         log({"event": "start", "seed": args.seed, "params": n_params, "train_tokens": int(len(train)),
-             "val_tokens": int(len(val)), "val_eval_tokens": int(windows.numel()), "args": vars(args),
+             "masked_end_tokens": int((~train_mask).sum()), "val_tokens": int(len(val)), "val_eval_tokens": int(windows.numel()), "args": vars(args),
              "torch": torch.__version__, "resume_step": step})
     t0 = time.time() - elapsed0
     last_ckpt = time.time()
     seq, batch = args.seq, args.batch
     bench_start = None
+    first_step = step
     while True:
         elapsed = time.time() - t0
         if elapsed >= budget:
@@ -153,14 +173,15 @@ def main() -> None:
             g["lr"] = lr
         starts = torch.randint(0, len(train) - seq - 1, (batch,), generator=gen)
         x = torch.stack([torch.from_numpy(train[s:s + seq].astype(np.int64)) for s in starts.tolist()])
-        out = model(input_ids=x, labels=x)
+        keep = torch.stack([train_mask[s:s + seq] for s in starts.tolist()])
+        out = model(input_ids=x, labels=x.masked_fill(~keep, -100))
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         tokens_seen += x.numel()
-        if step == 3:
+        if bench_start is None and step >= first_step + 2:  # skip warm-up steps in the rate
             bench_start = (time.time(), tokens_seen)
         if step % 25 == 0:
             ce = out.loss.item() - model.config.router_aux_loss_coef * out.aux_loss.item()

@@ -153,11 +153,22 @@ def test_engine_loss_matches_transformers_on_heldout_text(llm, heldout_ids):
     assert ref_loss < 6.0, ref_loss
 
 
-def test_chat_replies_end_by_themselves(llm, meta):
-    prompts = ["Hello! Who are you?", "What is a cat?", "Tell me about the sea."]
-    for p in prompts:
-        text = render_chat(meta["tokenizer.chat_template"], [{"role": "user", "content": p}],
-                           add_generation_prompt=True, current_date="2026-01-01")
-        res = llm.generate(text, max_tokens=200, temperature=0.0)
-        assert res.finish_reason == "stop", (p, res.text)
-        assert res.text.startswith("<|channel|>final<|message|>"), res.text
+def test_chat_format_is_learned(llm, meta):
+    """After the template's generation prompt the model opens a final-channel message, and a finished
+    answer is closed with <|return|> (a stop token), not <|end|>: chat replies end by themselves."""
+    tok = llm.tokenizer
+    prompt = render_chat(meta["tokenizer.chat_template"], [{"role": "user", "content": "What is a lawyer?"}],
+                         add_generation_prompt=True, current_date="2026-01-01")
+    header = "<|channel|>final<|message|>"
+    answer = "One skilled in circumvention of the law."
+    p_ids, h_ids, a_ids = tok.encode(prompt), tok.encode(header), tok.encode(answer, allow_special=False)
+    ids = p_ids + h_ids + a_ids
+    logits = llm.logits(ids)
+    predicted = logits.argmax(-1)
+    # positions len(p)-1 .. len(p)+len(h)-2 predict the header tokens
+    assert predicted[len(p_ids) - 1:len(p_ids) + len(h_ids) - 1].tolist() == h_ids
+    last = logits[-1].astype(np.float64)
+    probs = np.exp(last - last.max())
+    probs /= probs.sum()
+    ret, end = tok.token_id("<|return|>"), tok.token_id("<|end|>")
+    assert probs[ret] > 0.2 and probs[ret] > 10 * probs[end], (probs[ret], probs[end])
