@@ -6,7 +6,9 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
     available() -> bool            the compiled library loaded (else: kernels.reference, torch)
     isa() -> str                   "avx512" | "avx2" | "scalar" | "torch"
     set_isa(name)                  force a variant ("auto" = best supported); env HYBRIDMOE_ISA
-    set_num_threads(n)             size of the persistent worker pool (default: physical cores)
+    set_num_threads(n)             size of the persistent worker pool (default: physical cores,
+                                   or env HYBRIDMOE_THREADS); num_threads() reads it
+    set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used (8)
     ExpertTensors                  one layer's routed experts (mmap views)
     moe_forward(...)               fused gpt-oss MoE layer; moe_forward_submit(...) -> Future
     linear_q8_0 / linear_mxfp4     x @ W^T (+ bias) for quantized dense weights
