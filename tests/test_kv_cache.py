@@ -78,8 +78,28 @@ def test_truncate_keeps_prefix_reusable(tiny_llm):
     assert kept == 58
     out = llm.model.forward([SeqChunk(cache, [5, 6])])[0]
     assert _close(out, llm.logits(ids[:58] + [5, 6])[-1]) < 1e-5
-    # Far back: the ring no longer holds what is needed, so nothing is kept.
-    assert cache.truncate(3) in (0, 3)
+    # 60 tokens never wrapped the sliding layers' ring (window + slack slots): any prefix is kept.
+    assert cache.length <= cache.layout.window + cache.layout.slack
+    assert cache.truncate(3) == 3
+    out = llm.model.forward([SeqChunk(cache, [7])])[0]
+    assert _close(out, llm.logits(ids[:3] + [7])[-1]) < 1e-5
+
+
+def test_truncate_past_the_ring_keeps_nothing(tiny_llm):
+    llm = tiny_llm
+    cache = llm.model.make_cache(256)
+    ring = cache.layout.window + cache.layout.slack
+    ids = _ids(ring + 40, llm.config.vocab_size, 5)
+    llm.model.forward([SeqChunk(cache, ids)])
+    # Positions 0..39 were overwritten in the ring by ring..ring+39: a rollback to 10 cannot keep them.
+    assert cache.truncate(10) == 0 and cache.length == 0
+    out = llm.model.forward([SeqChunk(cache, ids[:10])])[0]  # the caller re-feeds from 0
+    assert _close(out, llm.logits(ids[:10])[-1]) < 1e-5
+    # A rollback within the ring is kept.
+    llm.model.forward([SeqChunk(cache, ids[10:])])
+    assert cache.truncate(ring + 30) == ring + 30
+    out = llm.model.forward([SeqChunk(cache, [3])])[0]
+    assert _close(out, llm.logits(ids[: ring + 30] + [3])[-1]) < 1e-5
 
 
 def test_context_overflow_is_an_error(tiny_llm):

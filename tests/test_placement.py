@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import pytest
 
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.gguf.writer import write_gguf
+from hybridmoe.models.gpt_oss_config import GptOssConfig
 from hybridmoe.placement import PlacementError, PlacementOptions, check_fits, make_plan
 from hybridmoe.placement import plan as plan_mod
 from hybridmoe.placement.report import format_plan
@@ -24,32 +24,6 @@ from hybridmoe.synth import ARCH, PRESETS, synth_tensors
 
 GIB = 1 << 30
 H, V, KVW = 2880, 201088, 8 * 64  # hidden, vocab, kv width (gpt-oss.md §1)
-
-
-@dataclass
-class Shape:
-    """Stand-in with GptOssConfig's fields (placement only needs these)."""
-
-    n_layers: int
-    hidden: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    n_experts: int
-    n_experts_used: int
-    expert_ffn: int
-    vocab_size: int
-    context_length: int
-    sliding_window: int
-
-    def layer_is_sliding(self, layer: int) -> bool:
-        return layer % 2 == 0
-
-
-def _shape(preset: str) -> Shape:
-    p = PRESETS[preset]
-    return Shape(p.n_layers, p.hidden, p.n_heads, p.n_kv_heads, p.head_dim, p.n_experts,
-                 p.n_experts_used, p.ffn, p.vocab, p.context, p.window)
 
 
 def _metadata(preset: str) -> dict:
@@ -82,7 +56,8 @@ def index(sparse_files):
     out = {}
     for preset, path in sparse_files.items():
         mf = open_model(path)
-        out[preset] = (_shape(preset), dict(mf.tensors))
+        # The real config class, built the way the loader builds it: placement must accept it.
+        out[preset] = (GptOssConfig.from_metadata(mf.metadata), dict(mf.tensors))
         mf.close()
     return out
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -17,12 +19,11 @@ def test_greedy_is_argmax():
 
 def test_same_seed_same_tokens_different_seed_differs():
     x = _logits()
-    a = [Sampler(SamplingParams(seed=5)).sample(x) for _ in range(1)]
     s1, s2, s3 = (Sampler(SamplingParams(seed=s, temperature=1.5)) for s in (5, 5, 6))
     seq1 = [s1.sample(x) for _ in range(50)]
     seq2 = [s2.sample(x) for _ in range(50)]
     seq3 = [s3.sample(x) for _ in range(50)]
-    assert seq1 == seq2 and seq1 != seq3 and a
+    assert seq1 == seq2 and seq1 != seq3
 
 
 def test_top_k_restricts_support():
@@ -46,11 +47,13 @@ def test_min_p_drops_tokens_below_fraction_of_max():
     assert torch.isfinite(f[:2]).all() and torch.isinf(f[2:]).all()
 
 
-def test_sampling_frequencies_follow_temperature():
-    x = torch.log(torch.tensor([0.7, 0.2, 0.1]))
-    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0))
-    counts = torch.bincount(torch.tensor([s.sample(x) for _ in range(4000)]), minlength=3).float() / 4000
-    assert torch.allclose(counts, torch.tensor([0.7, 0.2, 0.1]), atol=0.03)
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
+def test_sampling_frequencies_follow_temperature(temperature):
+    p = torch.tensor([0.7, 0.2, 0.1])
+    s = Sampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=0))
+    counts = torch.bincount(torch.tensor([s.sample(torch.log(p)) for _ in range(4000)]), minlength=3).float() / 4000
+    want = p ** (1 / temperature) / (p ** (1 / temperature)).sum()  # T=0.5: [.91, .07, .02]
+    assert torch.allclose(counts, want, atol=0.03), (counts, want)
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0.0), dict(min_p=2.0), dict(max_tokens=0), dict(top_k=-1)])
@@ -62,6 +65,10 @@ def test_invalid_params_raise(bad):
 def test_logprobs_are_normalised():
     x = _logits(2)
     lp = Sampler.logprobs(x, 3, 5)
-    assert len(lp.top) == 5 and lp.top[0][1] >= lp.top[-1][1]
-    assert abs(sum(torch.exp(torch.log_softmax(x, -1))).item() - 1) < 1e-5
-    assert lp.logprob == pytest.approx(float(torch.log_softmax(x, -1)[3]))
+    ref = torch.log_softmax(x.double(), -1)
+    assert [i for i, _ in lp.top] == torch.topk(x, 5).indices.tolist()
+    assert [v for _, v in lp.top] == pytest.approx(ref[[i for i, _ in lp.top]].tolist(), abs=1e-5)
+    assert lp.logprob == pytest.approx(float(ref[3]), abs=1e-5)
+    # Log-probabilities, not logits: the whole distribution sums to 1, so the top 5 sum below it.
+    assert 0 < sum(math.exp(v) for _, v in lp.top) < 1
+    assert Sampler.logprobs(x + 100.0, 3, 5).logprob == pytest.approx(lp.logprob, abs=1e-4)
