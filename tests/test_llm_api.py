@@ -87,3 +87,16 @@ def test_generate_command_prints_text_and_speeds(tiny_gguf):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("Hello")
     assert "prompt" in out.stderr and "decode 5 tok" in out.stderr and "tok/s" in out.stderr
+
+
+def test_generate_command_seed_is_reproducible(tiny_gguf, capsys):
+    from hybridmoe.cli import main
+
+    def run(seed: str) -> str:
+        argv = ["generate", "-m", tiny_gguf, "-p", "Hi", "-n", "8", "--temp", "1.0", "--top-k", "0",
+                "--top-p", "1", "--min-p", "0", "--seed", seed, "--ignore-eos", "-t", "1"]
+        assert main(argv) == 0
+        return capsys.readouterr().out
+
+    a, b, c = run("5"), run("5"), run("6")
+    assert a == b and a != c and a.startswith("Hi")

@@ -68,6 +68,26 @@ def test_sampling_params_seed_and_logprobs(client):
     assert content[0].top_logprobs[0].logprob == pytest.approx(content[0].logprob)  # greedy = top-1
 
 
+def test_max_completion_tokens_and_usage_only_when_asked(client):
+    kw = dict(model="tiny-test", messages=MSGS, temperature=0, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(max_completion_tokens=3, **kw)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
+    chunks = list(client.chat.completions.create(max_tokens=3, stream=True, **kw))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in chunks)  # no stream_options.include_usage: no usage chunk
+
+
+def test_streamed_logprobs_equal_non_stream(client):
+    kw = dict(model="tiny-test", messages=MSGS, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2,
+              extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**kw).choices[0].logprobs.content
+    streamed = [t for c in client.chat.completions.create(**kw, stream=True)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in full] and len(full) == 4
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in full], abs=1e-6)
+    assert all(len(t.top_logprobs) == 2 for t in streamed)
+
+
 @pytest.mark.parametrize("fmt", ["none", "auto"])
 def test_stop_sequence(client, fmt):
     kw = dict(model="tiny-test", messages=MSGS, max_tokens=16, temperature=0,

@@ -47,9 +47,11 @@ class InProcess:
     def conn(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
 
-    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    def request(self, method: str, path: str, body: dict | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, dict]:
         c = self.conn()
-        c.request(method, path, json.dumps(body) if body is not None else None, {"Content-Type": "application/json"})
+        c.request(method, path, json.dumps(body) if body is not None else None,
+                  {"Content-Type": "application/json", **(headers or {})})
         r = c.getresponse()
         out = (r.status, json.loads(r.read()))
         c.close()
@@ -151,3 +153,17 @@ def test_chat_template_file_overrides_the_gguf_template(served_llm, served_model
         status, body = srv.request("POST", "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})
         assert status == 200
         assert body["usage"]["prompt_tokens"] == len(served_llm.tokenize("[user] Hello\n<|start|>assistant"))
+
+
+def test_any_of_several_api_keys_and_metrics_off(make_serving):
+    state = ServerState(api_keys=["k1", "k2"], serving=make_serving())  # metrics_enabled: False
+    with InProcess(state) as srv:
+        assert srv.request("GET", "/v1/models")[0] == 401
+        assert srv.request("GET", "/v1/models", headers={"Authorization": "Bearer k3"})[0] == 401
+        for h in ({"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}, {"x-api-key": "k2"}):
+            assert srv.request("GET", "/v1/models", headers=h)[0] == 200, h
+        assert srv.request("GET", "/health")[0] == 200
+        # Without --metrics: llama-server's 501 "not supported", as an OpenAI error object.
+        status, body = srv.request("GET", "/metrics", headers={"Authorization": "Bearer k1"})
+        assert status == 501 and body["error"]["type"] == "not_supported_error"
+        assert "--metrics" in body["error"]["message"]
