@@ -79,6 +79,10 @@ async def _events(handle: RequestHandle, disconnected: Disconnected | None) -> A
         handle.cancel()  # no-op when finished; frees the slot if this handler itself was cancelled
 
 
+def _include_usage(req: SamplingFields) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
 def _sse(obj: dict[str, Any] | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
 
@@ -140,6 +144,11 @@ class Serving:
             raise bad_request(str(e)) from None
         return params
 
+    def _head(self, id_prefix: str) -> dict[str, Any]:
+        """Fields every response object and stream chunk of one request shares."""
+        return {"id": f"{id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
+                "system_fingerprint": f"hybridmoe-{__version__}"}
+
     def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None,
                 logprobs_k: int | None) -> RequestHandle:
         n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
@@ -198,11 +207,9 @@ class Serving:
         view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none",
                         stop=req.stop_list())
         handle = self._submit(ids, req, req.token_limit(), k)  # last: nothing may fail after it
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
-                "system_fingerprint": f"hybridmoe-{__version__}"}
+        head = self._head("chatcmpl")
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._chat_stream(handle, view, head, include_usage)
+            return self._chat_stream(handle, view, head, _include_usage(req))
         return await self._chat_full(handle, view, head, disconnected)
 
     async def _chat_full(self, handle: RequestHandle, view: ChatView, head: dict[str, Any],
@@ -270,11 +277,9 @@ class Serving:
             ids = self._check_ids(req.prompt, "prompt")
         echo = self.tokenizer.decode(ids) if req.echo else ""
         handle = self._submit(ids, req, req.max_tokens, req.logprobs)
-        head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
-                "system_fingerprint": f"hybridmoe-{__version__}"}
+        head = self._head("cmpl")
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._completion_stream(handle, head, include_usage, echo)
+            return self._completion_stream(handle, head, _include_usage(req), echo)
         return await self._completion_full(handle, head, disconnected, echo)
 
     def _legacy_logprobs(self, lps: list[Any]) -> dict[str, Any]:
