@@ -62,6 +62,17 @@ def test_repeatable_flags_and_placement():
     assert args.alias == "my-model" and args.chat_template_kwargs == {"reasoning_effort": "high"}
 
 
+def test_api_key_file_and_env(tmp_path, monkeypatch):
+    keys = tmp_path / "keys.txt"
+    keys.write_text("k1\n\n  k2  \n")
+    monkeypatch.setenv("LLAMA_API_KEY", "from-env")
+    assert serve._api_keys(parse(["--api-key-file", str(keys)])) == ["from-env", "k1", "k2"]
+    # llama-server: the env var is only a fallback for --api-key
+    assert serve._api_keys(parse(["--api-key", "cli", "--api-key-file", str(keys)])) == ["cli", "k1", "k2"]
+    monkeypatch.delenv("LLAMA_API_KEY")
+    assert serve._api_keys(parse([])) == []
+
+
 @pytest.mark.parametrize("argv", [["--chat-template-kwargs", "[1]"], ["--chat-template-kwargs", "{bad"],
                                   ["--reasoning-format", "maybe"], ["-fa", "sometimes"], ["--port", "x"]])
 def test_bad_values_are_rejected(argv):
