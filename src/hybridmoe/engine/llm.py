@@ -103,13 +103,13 @@ class LLM:
         progress: bool = False,
         **placement_options: Any,
     ):
-        if threads is not None:
-            if threads < 1:
-                raise ValueError(f"threads must be >= 1, got {threads}")
-            torch.set_num_threads(threads)
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         from hybridmoe import kernels
 
-        kernels.set_num_threads(threads or max(1, (os.cpu_count() or 2)))
+        if threads is not None:
+            kernels.set_num_threads(threads)
+        n_threads = threads or kernels.num_threads()  # default: one per physical core
         self.path = resolve_model_path(path)
         t0 = time.perf_counter()
         self.file = open_model(self.path)
@@ -118,6 +118,7 @@ class LLM:
             raise ValueError(f"ctx_size must be >= 0, got {ctx_size}")
         plan = _placement(self.file, placement_options, ctx_size, max(1, batch_size))
         self.model = GptOss(self.file, plan, progress=progress)
+        self.model.torch_threads = n_threads
         self.config = self.model.config
         self.ctx_size = ctx_size or self.config.context_length
         self.batch_size = max(1, batch_size)
