@@ -100,3 +100,22 @@ def test_generate_command_seed_is_reproducible(tiny_gguf, capsys):
 
     a, b, c = run("5"), run("5"), run("6")
     assert a == b and a != c and a.startswith("Hi")
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["generate", "-m", "/nonexistent/model.gguf", "-n", "1"], "model.gguf"),
+    (["synth", "--preset", "tiny", "--layers", "0", "--out", "/tmp/hm-never-written.gguf"], "--layers"),
+])
+def test_cli_errors_are_one_line_not_a_traceback(argv, msg):
+    out = subprocess.run([sys.executable, "-m", "hybridmoe.cli", *argv], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert f"hybridmoe {argv[0]}: error:" in out.stderr and msg in out.stderr
+
+
+def test_cli_rejects_a_non_gguf_file(tmp_path):
+    bad = tmp_path / "notes.gguf"
+    bad.write_bytes(b"not a gguf file at all" * 10)
+    out = subprocess.run([sys.executable, "-m", "hybridmoe.cli", "generate", "-m", str(bad), "-n", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "magic" in out.stderr.lower()

@@ -29,7 +29,15 @@ def main(argv: list[str] | None = None) -> int:
         mod.add_parser(sub)
     args = parser.parse_args(argv)
     mod = importlib.import_module(f"hybridmoe.commands.{args.command}")
-    return int(mod.run(args) or 0)
+    try:
+        return int(mod.run(args) or 0)
+    except (ValueError, OSError) as e:
+        # Bad files (GGUFError), bad placement (PlacementError) and bad arguments are ValueErrors:
+        # the user gets one line naming the problem, not a traceback.
+        print(f"hybridmoe {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

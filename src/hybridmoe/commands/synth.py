@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     size = os.path.getsize(args.out)
-    print(f"wrote {args.out}: {size / 1e9:.2f} GB ({'sparse' if args.sparse else 'dense'}) "
+    human = f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.2f} MB"
+    print(f"wrote {args.out}: {human} ({'sparse' if args.sparse else 'dense'}) "
           f"in {time.perf_counter() - t0:.1f} s")
     return 0
