@@ -61,6 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("-ot", "--override-tensor", action="append", default=[], help="REGEX=DEVICE[,...] (repeatable)")
     a("--fit", nargs="?", const="on", default=None, type=_on_off, help="choose placement to fit VRAM")
     a("--vram-budget", type=float, default=None, help="GiB of VRAM the plan may use")
+    a("--upload-slots", type=int, default=None,
+      help="GPU buffers of one layer's CPU experts for prompt batches (0 = compute them on the CPU)")
     a("--gpu-dense-dtype", default=None, choices=["auto", "stored", "bf16", "f16", "f32"],
       help="Q8_0 non-expert weights on the GPU: bf16 when it fits (auto), or as stored")
     a("--jinja", action="store_true", help="accepted; the GGUF's Jinja template is always used")
@@ -159,6 +161,8 @@ def _placement(args: argparse.Namespace) -> dict[str, Any]:
         opts["vram_budget"] = args.vram_budget
     if args.gpu_dense_dtype is not None:
         opts["gpu_dense_dtype"] = args.gpu_dense_dtype
+    if args.upload_slots is not None:
+        opts["upload_slots"] = args.upload_slots
     return opts
 
 
