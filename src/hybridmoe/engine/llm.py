@@ -76,6 +76,7 @@ def _placement(model_file: Any, options: dict[str, Any], ctx_size: int, batch_si
     if not torch.cuda.is_available():
         if any(opts.get(k) not in (None, False, 0, [], ()) for k in _GPU_INTENT_KEYS if k != "cpu_moe"):
             log.warning("no CUDA device: every tensor runs on the CPU (placement options ignored)")
+        _warn_if_weights_exceed_ram(model_file)
         return None
     from hybridmoe.models.gpt_oss_config import GptOssConfig
     from hybridmoe.placement.memory import available_ram_bytes
@@ -89,6 +90,20 @@ def _placement(model_file: Any, options: dict[str, Any], ctx_size: int, batch_si
     log.info("placement plan:\n%s", format_plan(plan))
     check_fits(plan, resolve_vram_budget(popts), available_ram_bytes())
     return plan
+
+
+def _warn_if_weights_exceed_ram(model_file: Any) -> None:
+    """CPU-only: every weight is used from the mmap, so it all wants page cache. Not fatal (the
+    OS pages experts in from disk), but a step then reads the disk: say so up front."""
+    from hybridmoe.placement.memory import available_ram_bytes
+
+    need = sum(t.nbytes for t in model_file.tensors.values())
+    have = available_ram_bytes()
+    if have is not None and need > have:
+        log.warning(
+            "weights need %.1f GiB of page cache but only %.1f GiB of RAM is available: experts "
+            "will be re-read from disk during generation (slow)", need / 2**30, have / 2**30,
+        )
 
 
 class LLM:
