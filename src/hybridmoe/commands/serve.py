@@ -175,7 +175,8 @@ def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
 
     try:
         step_tokens = max(1, min(args.batch_size, args.ubatch_size))  # as llama.cpp: ub bounds one compute
-        llm = LLM(path, threads=args.threads, ctx_size=args.ctx_size, batch_size=step_tokens, **_placement(args))
+        llm = LLM(path, threads=args.threads, ctx_size=args.ctx_size, batch_size=step_tokens,
+                  mlock=args.mlock, **_placement(args))
         n_parallel = max(1, args.parallel)
         per_slot = llm.ctx_size // n_parallel
         engine = Engine(llm, n_parallel, per_slot, args.max_queue, batch_size=step_tokens).start()
@@ -208,8 +209,9 @@ def run(args: argparse.Namespace) -> int:
     for flag in getattr(args, "unknown_flags", []):
         if flag.startswith("-"):
             log.warning("ignoring flag %s: it has no meaning in hybridmoe", flag)
-    if args.mlock or args.no_mmap:
-        log.warning("--mlock/--no-mmap are accepted but have no effect: experts are always used from the mmap")
+    if args.no_mmap:
+        log.warning("--no-mmap is accepted but has no effect: experts are always used in place from the mmap "
+                    "(use --mlock to pin them in RAM)")
     path, is_random = _model_path(args)
     if is_random:
         log.warning("no bundled demo model in this build: serving a RANDOM synthetic model (%s); its output is "

@@ -116,6 +116,8 @@ class LLM:
         ctx_size: int = 0,
         batch_size: int = 512,
         progress: bool = False,
+        prefault: bool = True,
+        mlock: bool = False,
         **placement_options: Any,
     ):
         if threads is not None and threads < 1:
@@ -137,6 +139,13 @@ class LLM:
         self.config = self.model.config
         self.ctx_size = ctx_size or self.config.context_length
         self.batch_size = max(1, batch_size)
+        from hybridmoe.gguf import residency
+
+        if mlock:
+            residency.mlock(self.file)
+        # Map the expert pages in the background: the first prompt no longer pays a page fault
+        # per 4 KiB of weights it touches.
+        self.prefault_thread = residency.prefault(self.file) if prefault else None
         self.load_seconds = time.perf_counter() - t0
 
     @property

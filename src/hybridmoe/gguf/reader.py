@@ -335,6 +335,12 @@ class GGUFFile:
         be, bb = BLOCK_SIZES[info.ggml_type]
         return flat.reshape(info.shape[:-1] + (info.ne[0] // be * bb,))
 
+    def mapped_range(self) -> tuple[int, int] | None:
+        """(address, length) of this file's mapping, for madvise/mlock; None once closed."""
+        if self._mm is None or self._mm.size == 0:
+            return None
+        return self._mm.__array_interface__["data"][0], int(self._mm.size)
+
     def close(self) -> None:
         # Views handed out keep the mapping alive; closing the mmap under them would crash.
         self._mm = None
