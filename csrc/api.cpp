@@ -28,6 +28,7 @@ std::mutex g_call_mu;  // one op at a time owns the pool and the scratch buffers
 std::unique_ptr<ThreadPool> g_pool;
 const KernelSet* g_ks = nullptr;
 std::atomic<int> g_gemv_max_tokens{8};  // tokens per expert up to which the fused GEMV beats tile+GEMM
+std::atomic<int> g_fast_math{0};  // 1: GEMV path on int8 activations (read once per call)
 
 bool cpu_has_f16c() {
     unsigned a, b, c, d;
@@ -69,18 +70,38 @@ int64_t row_bytes_of(int fmt, int64_t K) {
 bool fmt_ok(int fmt) { return fmt == kMXFP4 || fmt == kQ8_0; }
 
 // Scratch reused across calls (guarded by g_call_mu) and per thread (tiles, partial outputs).
-std::vector<float> g_xp, g_xg, g_act, g_actp, g_ys;
+std::vector<float> g_xp, g_xg, g_act, g_actp, g_ys, g_xd, g_ad;
+std::vector<int8_t> g_xq, g_aq;  // fast mode: quantized activations (tokens, then act rows)
 thread_local std::vector<float> t_tile, t_buf0, t_buf1;
 
-float* grow(std::vector<float>& v, size_t n) {
+template <class T>
+T* grow(std::vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
     return v.data();
 }
 
+// Quantizes the M rows x[m] (K floats each) into q/d and points xq[m]/xd[m] at them (fast mode).
+void quantize_rows(const float* const* x, int64_t M, int64_t K, int8_t* q, float* d,
+                   const int8_t** xq, const float** xd) {
+    for (int64_t m = 0; m < M; ++m) {
+        quantize_x_q8(x[m], K, q + m * K, d + m * (K / kBlockElems));
+        xq[m] = q + m * K;
+        xd[m] = d + m * (K / kBlockElems);
+    }
+}
+
 // out[a*n_rows + r] = W[r] . A[a] for a < M: fused GEMV (A = M rows prepped by prep_x) or
-// tile + GEMM (A packed by pack_a).
+// tile + GEMM (A packed by pack_a); with xq non-null, the int8 GEMV on xq[a]/xd[a] instead.
 void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
-                int64_t n_rows, int64_t K, const float* A, int64_t M, float* out) {
+                int64_t n_rows, int64_t K, const float* A, int64_t M, float* out,
+                const int8_t* const* xq = nullptr, const float* const* xd = nullptr) {
+    if (xq && !tile_path) {
+        for (int64_t a0 = 0; a0 < M; a0 += kMaxGemvTokens) {
+            const int nt = int(std::min<int64_t>(kMaxGemvTokens, M - a0));
+            ks->gemv_q8(fmt, w, row_bytes, n_rows, K, xq + a0, xd + a0, nt, out + a0 * n_rows, n_rows);
+        }
+        return;
+    }
     if (tile_path) {
         float* tile = grow(t_tile, size_t(n_rows * K));
         ks->decode(fmt, w, row_bytes, n_rows, K, tile);
@@ -101,6 +122,8 @@ struct LinearCtx {
     int fmt;
     bool tile_path;
     const float* x;  // [T, K] prepped for the GEMV path, or packed for the tile path
+    std::vector<const int8_t*> xq;  // fast mode GEMV: quantized rows (else empty)
+    std::vector<const float*> xd;
     int64_t T, K, N, row_stride;
     const uint8_t* w;
     const float* bias;
@@ -114,7 +137,8 @@ void linear_job(void* p, int) {
     for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < c.num_units;) {
         const int64_t r0 = u * kChunkRows, nr = std::min(kChunkRows, c.N - r0);
         float* buf = grow(t_buf0, size_t(c.T * nr));
-        rows_times(c.ks, c.fmt, c.tile_path, c.w + r0 * c.row_stride, c.row_stride, nr, c.K, c.x, c.T, buf);
+        rows_times(c.ks, c.fmt, c.tile_path, c.w + r0 * c.row_stride, c.row_stride, nr, c.K, c.x, c.T, buf,
+                   c.xq.empty() ? nullptr : c.xq.data(), c.xd.empty() ? nullptr : c.xd.data());
         for (int64_t t = 0; t < c.T; ++t)
             for (int64_t r = 0; r < nr; ++r)
                 c.out[t * c.N + r0 + r] = buf[t * nr + r] + (c.bias ? c.bias[r0 + r] : 0.f);
@@ -141,6 +165,9 @@ struct MoeCtx {
     std::vector<int32_t> asg_token;
     std::vector<float> asg_weight;
     std::vector<int64_t> asg_pos;  // [T*k]: sorted position of routing entry (t, j)
+    bool fast = false;  // int8 activations for the GEMV slots
+    std::vector<const int8_t*> asg_xq, asg_aq;  // fast: per sorted assignment, its token's / act's row
+    std::vector<const float*> asg_xd, asg_ad;
     float *xg, *act, *actp, *ys, *out;
     int64_t T, k, chunks_i, chunks_h;
     std::atomic<int64_t> next{0};
@@ -155,8 +182,12 @@ void moe_gate_up_job(void* p, int) {
         float* g = grow(t_buf0, size_t(s.count * nr));
         float* v = grow(t_buf1, size_t(s.count * nr));
         const float* A = c.xg + s.xg_off;
-        rows_times(c.ks, c.fmt, s.tile_path, c.gate + s.expert * c.gate_es + r0 * rb, rb, nr, c.H, A, s.count, g);
-        rows_times(c.ks, c.fmt, s.tile_path, c.up + s.expert * c.up_es + r0 * rb, rb, nr, c.H, A, s.count, v);
+        const int8_t* const* xq = c.fast ? c.asg_xq.data() + s.first : nullptr;
+        const float* const* xd = c.fast ? c.asg_xd.data() + s.first : nullptr;
+        rows_times(c.ks, c.fmt, s.tile_path, c.gate + s.expert * c.gate_es + r0 * rb, rb, nr, c.H, A, s.count, g,
+                   xq, xd);
+        rows_times(c.ks, c.fmt, s.tile_path, c.up + s.expert * c.up_es + r0 * rb, rb, nr, c.H, A, s.count, v,
+                   xq, xd);
         const float* gb = c.gb ? c.gb + s.expert * c.I + r0 : nullptr;
         const float* ub = c.ub ? c.ub + s.expert * c.I + r0 : nullptr;
         for (int64_t a = 0; a < s.count; ++a) {
@@ -183,7 +214,8 @@ void moe_down_job(void* p, int) {
         const int64_t r0 = (u % c.chunks_h) * kChunkRows, nr = std::min(kChunkRows, c.H - r0);
         float* y = grow(t_buf0, size_t(s.count * nr));
         rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I,
-                   c.actp + s.actp_off, s.count, y);
+                   c.actp + s.actp_off, s.count, y, c.fast ? c.asg_aq.data() + s.first : nullptr,
+                   c.fast ? c.asg_ad.data() + s.first : nullptr);
         const float* db = c.db ? c.db + s.expert * c.H + r0 : nullptr;
         for (int64_t a = 0; a < s.count; ++a) {
             float* dst = c.ys + (s.first + a) * c.H + r0;
@@ -214,7 +246,7 @@ void moe_combine_job(void* p, int) {
 
 using namespace hm;
 
-HM_API int hm_abi_version() { return 1; }
+HM_API int hm_abi_version() { return 2; }
 
 HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
 
@@ -249,6 +281,15 @@ HM_API int hm_set_gemv_max_tokens(int n) {
 
 HM_API int hm_get_gemv_max_tokens() { return g_gemv_max_tokens; }
 
+// Fast mode: the GEMV path (few tokens per expert / dense call) quantizes activations to int8 per
+// 32-block and uses integer dot products (~1e-2 relative error); the tile path stays fp32.
+HM_API int hm_set_fast_math(int on) {
+    g_fast_math = on ? 1 : 0;
+    return 0;
+}
+
+HM_API int hm_get_fast_math() { return g_fast_math; }
+
 // dst[r*K + k] = W[r][k] (float32) through the current ISA's decoder; rows are row_stride apart.
 HM_API int hm_dequant(int fmt, const uint8_t* w, int64_t n_rows, int64_t row_stride, int64_t K, float* dst) {
     if (!fmt_ok(fmt) || K <= 0 || K % kBlockElems || n_rows < 0 || row_stride < row_bytes_of(fmt, K))
@@ -269,7 +310,15 @@ HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_
     c.ks = g_ks;
     c.fmt = fmt;
     c.tile_path = T > g_gemv_max_tokens;
-    if (!c.tile_path) {
+    if (!c.tile_path && g_fast_math.load()) {
+        std::vector<const float*> rows(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
+        c.xq.resize(size_t(T));
+        c.xd.resize(size_t(T));
+        quantize_rows(rows.data(), T, K, grow(g_xq, size_t(T * K)), grow(g_xd, size_t(T * K / kBlockElems)),
+                      c.xq.data(), c.xd.data());
+        c.x = nullptr;
+    } else if (!c.tile_path) {
         float* xp = grow(g_xp, size_t(T * K));
         for (int64_t t = 0; t < T; ++t) c.ks->prep_x(fmt, x + t * K, xp + t * K, K);
         c.x = xp;
@@ -306,6 +355,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     c.gate_es = gate_es; c.up_es = up_es; c.down_es = down_es;
     c.gb = gate_bias; c.ub = up_bias; c.db = down_bias;
     c.alpha = alpha; c.limit = limit; c.out = out;
+    c.fast = g_fast_math.load() != 0;
 
     // Group the T*k assignments by expert (counting sort, stable in token order).
     const int64_t gemv_max = g_gemv_max_tokens.load();
@@ -328,12 +378,30 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
         c.asg_weight[size_t(pos)] = wts[i];
     }
     // Per-slot inputs: GEMV slots get prep_x'd rows, tile slots the GEMM's packed layout.
+    // Fast mode: GEMV slots read int8 rows instead: each token quantized once (here), each
+    // assignment's activation row once (before the down projection).
     int64_t xg_size = 0, actp_size = 0;
     for (Slot& s : c.slots) {
         s.xg_off = xg_size;
         s.actp_off = actp_size;
-        xg_size += s.tile_path ? packed_floats(s.count, H) : s.count * H;
-        actp_size += s.tile_path ? packed_floats(s.count, I) : s.count * I;
+        xg_size += s.tile_path ? packed_floats(s.count, H) : c.fast ? 0 : s.count * H;
+        actp_size += s.tile_path ? packed_floats(s.count, I) : c.fast ? 0 : s.count * I;
+    }
+    if (c.fast) {
+        std::vector<const float*> tok(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) tok[size_t(t)] = x + t * H;
+        std::vector<const int8_t*> tq(static_cast<size_t>(T));
+        std::vector<const float*> td(static_cast<size_t>(T));
+        quantize_rows(tok.data(), T, H, grow(g_xq, size_t(T * H)), grow(g_xd, size_t(T * H / kBlockElems)),
+                      tq.data(), td.data());
+        c.asg_xq.resize(size_t(n_asg));
+        c.asg_xd.resize(size_t(n_asg));
+        c.asg_aq.assign(size_t(n_asg), nullptr);
+        c.asg_ad.assign(size_t(n_asg), nullptr);
+        for (int64_t a = 0; a < n_asg; ++a) {
+            c.asg_xq[size_t(a)] = tq[size_t(c.asg_token[size_t(a)])];
+            c.asg_xd[size_t(a)] = td[size_t(c.asg_token[size_t(a)])];
+        }
     }
     c.xg = grow(g_xg, size_t(xg_size));
     c.act = grow(g_act, size_t(n_asg * I));
@@ -344,6 +412,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
         rows.clear();
         for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(x + int64_t(c.asg_token[size_t(a)]) * H);
         if (s.tile_path) c.ks->pack_a(rows.data(), s.count, H, c.xg + s.xg_off);
+        else if (c.fast) continue;
         else
             for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.xg + s.xg_off + a * H, H);
     }
@@ -354,6 +423,10 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
         rows.clear();
         for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(c.act + a * I);
         if (s.tile_path) c.ks->pack_a(rows.data(), s.count, I, c.actp + s.actp_off);
+        else if (c.fast)
+            quantize_rows(rows.data(), s.count, I, grow(g_aq, size_t(n_asg * I)) + s.first * I,
+                          grow(g_ad, size_t(n_asg * I / kBlockElems)) + s.first * (I / kBlockElems),
+                          c.asg_aq.data() + s.first, c.asg_ad.data() + s.first);
         else
             for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.actp + s.actp_off + a * I, I);
     }

@@ -63,7 +63,44 @@ struct KernelSet {
     void (*pack_a)(const float* const* rows, int64_t M, int64_t K, float* Ap);
     // C[m*ldc + n] = dot(A[m], B[n]) over K (K % 8 == 0), A packed by pack_a, B row-major [N, K].
     void (*gemm)(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc);
+    // Fast mode (int8 activations): like gemv, with x_t given as quantize_x_q8's output, xq[t]
+    // (K int8, natural order) and xd[t] (K/32 block scales). Integer dot product per block, then
+    // per row and token: pairs of blocks (b, b+1) form part = c1*s1 + c0*s0 (8 lanes, lane l =
+    // elements 4l..4l+3, s = d_w*d_x, one FMA), acc += part, finally hsum8. Every ISA does exactly
+    // this, so all variants agree bit for bit.
+    void (*gemv_q8)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
+                    const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
 };
+
+// Fast mode activations: per 32-block d = max|x|/127, q = round-to-nearest(x/d) in [-127, 127].
+// A block holding NaN or +-inf gets d = NaN (and q = 0), so the dot products come out NaN rather
+// than quantization swallowing it. Shared by every ISA (runs once per token: K elements).
+inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
+    const float kMagic = 12582912.f;  // 1.5 * 2^23: (v + magic) - magic rounds v to nearest even
+    for (int64_t b = 0; b < K / kBlockElems; ++b) {
+        const float* xb = x + b * kBlockElems;
+        int8_t* qb = q + b * kBlockElems;
+        float amax = 0.f;
+        bool finite = true;
+        for (int j = 0; j < kBlockElems; ++j) {
+            const float a = xb[j] < 0.f ? -xb[j] : xb[j];
+            if (!(a <= 3.4028234663852886e38f)) finite = false;  // NaN or inf
+            else if (a > amax) amax = a;
+        }
+        if (!finite) {
+            std::memset(qb, 0, kBlockElems);
+            d[b] = __builtin_nanf("");
+            continue;
+        }
+        const float id = amax > 0.f ? 127.f / amax : 0.f;
+        for (int j = 0; j < kBlockElems; ++j) {
+            float v = (xb[j] * id + kMagic) - kMagic;
+            v = v > 127.f ? 127.f : (v < -127.f ? -127.f : v);
+            qb[j] = int8_t(int(v));
+        }
+        d[b] = amax / 127.f;
+    }
+}
 
 inline int64_t packed_floats(int64_t M, int64_t K) { return (M + 7) / 8 * 8 * K; }
 
@@ -77,6 +114,8 @@ inline void pack_rows(const float* const* rows, int64_t M, int64_t K, float* Ap)
 namespace avx2 {
 void pack_a(const float* const* rows, int64_t M, int64_t K, float* Ap);
 void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc);
+void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
+             const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
 }  // namespace avx2
 
 extern const KernelSet kScalarKernels;

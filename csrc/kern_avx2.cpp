@@ -274,6 +274,91 @@ void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, floa
     }
 }
 
+// ---- fast mode: int8 activations. Weights become signed int8 in natural element order (MXFP4:
+// one pshufb of the integer LUT2); |w| (unsigned) x (x with w's sign) through maddubs (no
+// saturation: 2*128*127 < 2^15), madd to 8 int32 lanes (lane l = elements 4l..4l+3), convert,
+// and scale by d_w*d_x. Float order fixed (see KernelSet::gemv_q8): the scalar twin matches.
+template <int FMT>
+inline __m256i load_w_int(const uint8_t* blk, const __m256i& lut, const __m256i& m0f, float& dw) {
+    if (FMT == kMXFP4) {
+        dw = g_e8m0_table[blk[0]];
+        const __m128i q = _mm_loadu_si128((const __m128i*)(blk + 1));
+        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m0f);
+        return _mm256_shuffle_epi8(lut, nib);
+    }
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    dw = _cvtsh_ss(h);
+    return _mm256_loadu_si256((const __m256i*)(blk + 2));
+}
+
+inline __m256 dot_i8(__m256i aw, __m256i w, const int8_t* x, __m256i ones) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i*)x);
+    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+}
+
+template <int FMT, int NT>
+void gemv_q8_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const int8_t* const* xq,
+               const float* const* xd, float* out, int64_t ldo) {
+    constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
+    const int64_t nb = K / kBlockElems;
+    const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kMxfp4Lut2));
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const uint8_t* row = w + r * row_bytes;
+        __m256 acc[NT];
+        for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+        int64_t b = 0;
+        for (; b + 1 < nb; b += 2) {
+            const uint8_t* blk = row + b * bb;
+            _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
+            float dw0, dw1;
+            const __m256i w0 = load_w_int<FMT>(blk, lut, m0f, dw0);
+            const __m256i w1 = load_w_int<FMT>(blk + bb, lut, m0f, dw1);
+            const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+            for (int t = 0; t < NT; ++t) {
+                const int8_t* x = xq[t] + b * kBlockElems;
+                const __m256 c0 = dot_i8(a0, w0, x, ones), c1 = dot_i8(a1, w1, x + kBlockElems, ones);
+                const __m256 p0 = _mm256_mul_ps(c0, _mm256_set1_ps(dw0 * xd[t][b]));
+                acc[t] = _mm256_add_ps(acc[t], _mm256_fmadd_ps(c1, _mm256_set1_ps(dw1 * xd[t][b + 1]), p0));
+            }
+        }
+        if (b < nb) {
+            float dw0;
+            const __m256i w0 = load_w_int<FMT>(row + b * bb, lut, m0f, dw0);
+            const __m256i a0 = _mm256_abs_epi8(w0);
+            for (int t = 0; t < NT; ++t) {
+                const __m256 c0 = dot_i8(a0, w0, xq[t] + b * kBlockElems, ones);
+                acc[t] = _mm256_add_ps(acc[t], _mm256_fmadd_ps(c0, _mm256_set1_ps(dw0 * xd[t][b]),
+                                                               _mm256_set1_ps(-0.0f)));
+            }
+        }
+        for (int t = 0; t < NT; ++t) out[t * ldo + r] = hsum(acc[t]);
+    }
+}
+
+template <int FMT>
+void gemv_q8_fmt(const uint8_t* w, int64_t rb, int64_t n, int64_t K, const int8_t* const* xq,
+                 const float* const* xd, int nt, float* out, int64_t ldo) {
+    switch (nt) {
+        case 1: return gemv_q8_t<FMT, 1>(w, rb, n, K, xq, xd, out, ldo);
+        case 2: return gemv_q8_t<FMT, 2>(w, rb, n, K, xq, xd, out, ldo);
+        case 3: return gemv_q8_t<FMT, 3>(w, rb, n, K, xq, xd, out, ldo);
+        case 4: return gemv_q8_t<FMT, 4>(w, rb, n, K, xq, xd, out, ldo);
+        case 5: return gemv_q8_t<FMT, 5>(w, rb, n, K, xq, xd, out, ldo);
+        case 6: return gemv_q8_t<FMT, 6>(w, rb, n, K, xq, xd, out, ldo);
+        case 7: return gemv_q8_t<FMT, 7>(w, rb, n, K, xq, xd, out, ldo);
+        default: return gemv_q8_t<FMT, 8>(w, rb, n, K, xq, xd, out, ldo);
+    }
+}
+
+void gemv_q8(int fmt, const uint8_t* w, int64_t rb, int64_t n, int64_t K, const int8_t* const* xq,
+             const float* const* xd, int nt, float* out, int64_t ldo) {
+    if (fmt == kMXFP4) gemv_q8_fmt<kMXFP4>(w, rb, n, K, xq, xd, nt, out, ldo);
+    else gemv_q8_fmt<kQ8_0>(w, rb, n, K, xq, xd, nt, out, ldo);
+}
+
 }  // namespace
 
 namespace avx2 {
@@ -281,9 +366,13 @@ void pack_a(const float* const* rows, int64_t M, int64_t K, float* Ap) { hm::pac
 void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc) {
     hm::gemm(Ap, M, B, N, K, C, ldc);
 }
+void gemv_q8(int fmt, const uint8_t* w, int64_t rb, int64_t n, int64_t K, const int8_t* const* xq,
+             const float* const* xd, int nt, float* out, int64_t ldo) {
+    hm::gemv_q8(fmt, w, rb, n, K, xq, xd, nt, out, ldo);
+}
 }  // namespace avx2
 
-const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm};
+const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm, avx2::gemv_q8};
 
 }  // namespace hm
 #pragma GCC pop_options

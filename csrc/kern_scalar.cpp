@@ -1,4 +1,6 @@
 // Portable scalar kernels: the C++ reference every SIMD variant is tested against.
+#include <cmath>
+
 #include "common.h"
 
 namespace hm {
@@ -64,8 +66,72 @@ void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, floa
     gemm_rows(Ap, K, M, B, K, N, K, C, ldc);
 }
 
+// ---- fast mode: int8 activations (the reference twin of avx2's gemv_q8; same integer math and
+// the same float operations in the same order, so the two agree bit for bit).
+// Signed integer weights of one block in natural order, and the block's weight scale.
+void load_w_int(int fmt, const uint8_t* blk, int8_t* wv, float& dw) {
+    if (fmt == kMXFP4) {
+        for (int j = 0; j < 16; ++j) {
+            wv[j] = kMxfp4Lut2[blk[1 + j] & 0x0f];
+            wv[j + 16] = kMxfp4Lut2[blk[1 + j] >> 4];
+        }
+        dw = g_e8m0_table[blk[0]];
+    } else {
+        uint16_t h;
+        std::memcpy(&h, blk, 2);
+        dw = fp16_to_fp32(h);
+        for (int j = 0; j < 32; ++j) wv[j] = int8_t(blk[2 + j]);
+    }
+}
+
+// c[l] = float(sum of w[j]*x[j] over j = 4l..4l+3): the 8 int32 lanes of maddubs + madd.
+inline void lane_dots(const int8_t* wv, const int8_t* x, float* c) {
+    for (int l = 0; l < 8; ++l) {
+        int32_t s = 0;
+        for (int j = 4 * l; j < 4 * l + 4; ++j) s += int32_t(wv[j]) * int32_t(x[j]);
+        c[l] = float(s);
+    }
+}
+
+// The AVX2 hsum: (lanes i + i+4), then (0+2) + (1+3).
+inline float hsum8(const float* a) {
+    const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+    return (s0 + s2) + (s1 + s3);
+}
+
+void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
+             const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo) {
+    const int64_t nb = K / kBlockElems, bb = block_bytes(fmt);
+    int8_t w0[32], w1[32];
+    float c0[8], c1[8];
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const uint8_t* row = w + r * row_bytes;
+        for (int t = 0; t < nt; ++t) {
+            float acc[8] = {};
+            int64_t b = 0;
+            for (; b + 1 < nb; b += 2) {
+                float dw0, dw1;
+                load_w_int(fmt, row + b * bb, w0, dw0);
+                load_w_int(fmt, row + (b + 1) * bb, w1, dw1);
+                lane_dots(w0, xq[t] + b * kBlockElems, c0);
+                lane_dots(w1, xq[t] + (b + 1) * kBlockElems, c1);
+                const float s0 = dw0 * xd[t][b], s1 = dw1 * xd[t][b + 1];
+                for (int l = 0; l < 8; ++l) acc[l] += std::fma(c1[l], s1, c0[l] * s0);
+            }
+            if (b < nb) {
+                float dw0;
+                load_w_int(fmt, row + b * bb, w0, dw0);
+                lane_dots(w0, xq[t] + b * kBlockElems, c0);
+                const float s0 = dw0 * xd[t][b];
+                for (int l = 0; l < 8; ++l) acc[l] += std::fma(c0[l], s0, -0.0f);  // == c0*s0 exactly
+            }
+            out[t * ldo + r] = hsum8(acc);
+        }
+    }
+}
+
 }  // namespace
 
-const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, pack_rows, gemm};
+const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, pack_rows, gemm, gemv_q8};
 
 }  // namespace hm

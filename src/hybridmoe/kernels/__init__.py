@@ -9,6 +9,7 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
     set_num_threads(n)             size of the persistent worker pool (default: physical cores,
                                    or env HYBRIDMOE_THREADS); num_threads() reads it
     set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used (8)
+    set_fast_math(on)              opt-in: the GEMV path on int8 activations (fast_math() reads it)
     ExpertTensors                  one layer's routed experts (mmap views)
     moe_forward(...)               fused gpt-oss MoE layer; moe_forward_submit(...) -> Future
     linear_q8_0 / linear_mxfp4     x @ W^T (+ bias) for quantized dense weights
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "ExpertTensors", "available", "dequantize", "isa", "linear_mxfp4", "linear_q8_0", "moe_forward",
     "moe_forward_submit", "num_threads", "set_gemv_max_tokens", "set_isa", "set_num_threads",
+    "fast_math", "set_fast_math",
 ]
 
 _ISAS = ("avx512", "avx2", "scalar")
@@ -96,6 +98,25 @@ def set_gemv_max_tokens(n: int) -> None:
         raise ValueError(f"gemv_max_tokens must be an int >= 0, got {n!r}")
     if _lib_handle is not None:
         _lib_handle.hm_set_gemv_max_tokens(n)
+
+
+def set_fast_math(on: bool) -> None:
+    """Opt-in fast mode for the GEMV path (decode: few tokens per expert or dense call).
+
+    Activations are quantized per 32-element block to int8 (scale max|x|/127, round to nearest)
+    and multiplied with the MXFP4/Q8_0 weights in integer arithmetic, ~2x faster on AVX2 at a
+    relative error of ~5e-3 (vs ~1e-7 in the default fp32 mode). The tile path (many tokens per
+    expert: prefill) stays fp32. NaN/inf in an input block gives NaN outputs. Process-wide; no
+    effect on the torch fallback."""
+    if not isinstance(on, bool):
+        raise ValueError(f"fast_math must be a bool, got {on!r}")
+    if _lib_handle is not None:
+        _lib_handle.hm_set_fast_math(int(on))
+
+
+def fast_math() -> bool:
+    """True when the int8-activation fast mode is on (always False without the library)."""
+    return bool(_lib_handle.hm_get_fast_math()) if _lib_handle else False
 
 
 def _physical_cores() -> int:
