@@ -84,9 +84,9 @@ T* grow(std::vector<T>& v, size_t n) {
 void quantize_rows(const float* const* x, int64_t M, int64_t K, int8_t* q, float* d,
                    const int8_t** xq, const float** xd) {
     for (int64_t m = 0; m < M; ++m) {
-        quantize_x_q8(x[m], K, q + m * K, d + m * (K / kBlockElems));
-        xq[m] = q + m * K;
-        xd[m] = d + m * (K / kBlockElems);
+        quantize_x_q8(x[m], K, q + m * q8x_bytes(K), d + m * q8x_scales(K));
+        xq[m] = q + m * q8x_bytes(K);
+        xd[m] = d + m * q8x_scales(K);
     }
 }
 
@@ -315,7 +315,7 @@ HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_
         for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
         c.xq.resize(size_t(T));
         c.xd.resize(size_t(T));
-        quantize_rows(rows.data(), T, K, grow(g_xq, size_t(T * K)), grow(g_xd, size_t(T * K / kBlockElems)),
+        quantize_rows(rows.data(), T, K, grow(g_xq, size_t(T * q8x_bytes(K))), grow(g_xd, size_t(T * q8x_scales(K))),
                       c.xq.data(), c.xd.data());
         c.x = nullptr;
     } else if (!c.tile_path) {
@@ -392,7 +392,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
         for (int64_t t = 0; t < T; ++t) tok[size_t(t)] = x + t * H;
         std::vector<const int8_t*> tq(static_cast<size_t>(T));
         std::vector<const float*> td(static_cast<size_t>(T));
-        quantize_rows(tok.data(), T, H, grow(g_xq, size_t(T * H)), grow(g_xd, size_t(T * H / kBlockElems)),
+        quantize_rows(tok.data(), T, H, grow(g_xq, size_t(T * q8x_bytes(H))), grow(g_xd, size_t(T * q8x_scales(H))),
                       tq.data(), td.data());
         c.asg_xq.resize(size_t(n_asg));
         c.asg_xd.resize(size_t(n_asg));
@@ -424,8 +424,8 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
         for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(c.act + a * I);
         if (s.tile_path) c.ks->pack_a(rows.data(), s.count, I, c.actp + s.actp_off);
         else if (c.fast)
-            quantize_rows(rows.data(), s.count, I, grow(g_aq, size_t(n_asg * I)) + s.first * I,
-                          grow(g_ad, size_t(n_asg * I / kBlockElems)) + s.first * (I / kBlockElems),
+            quantize_rows(rows.data(), s.count, I, grow(g_aq, size_t(n_asg * q8x_bytes(I))) + s.first * q8x_bytes(I),
+                          grow(g_ad, size_t(n_asg * q8x_scales(I))) + s.first * q8x_scales(I),
                           c.asg_aq.data() + s.first, c.asg_ad.data() + s.first);
         else
             for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.actp + s.actp_off + a * I, I);

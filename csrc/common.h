@@ -64,22 +64,34 @@ struct KernelSet {
     // C[m*ldc + n] = dot(A[m], B[n]) over K (K % 8 == 0), A packed by pack_a, B row-major [N, K].
     void (*gemm)(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc);
     // Fast mode (int8 activations): like gemv, with x_t given as quantize_x_q8's output, xq[t]
-    // (K int8, natural order) and xd[t] (K/32 block scales). Integer dot product per block, then
-    // per row and token: pairs of blocks (b, b+1) form part = c1*s1 + c0*s0 (8 lanes, lane l =
-    // elements 4l..4l+3, s = d_w*d_x, one FMA), acc += part, finally hsum8. Every ISA does exactly
-    // this, so all variants agree bit for bit.
+    // and xd[t] (pair layout). Per row and token, for each pair of blocks (2p, 2p+1): 8 exact
+    // int32 sums c[l] (l < 4: block 2p, elements 4l..4l+3 and 16+4l..16+4l+3; l >= 4: the same
+    // for block 2p+1), s[l] = d_w * d_x of that block (fp32 mul), acc[l] = fma(c[l], s[l], acc[l]);
+    // finally hsum8(acc). Every ISA does exactly this, so all variants agree bit for bit.
     void (*gemv_q8)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
                     const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
 };
 
 // Fast mode activations: per 32-block d = max|x|/127, q = round-to-nearest(x/d) in [-127, 127].
 // A block holding NaN or +-inf gets d = NaN (and q = 0), so the dot products come out NaN rather
-// than quantization swallowing it. Shared by every ISA (runs once per token: K elements).
+// than quantization swallowing it. Stored by pairs of blocks (2p, 2p+1) for the GEMV, which
+// decodes two MXFP4 blocks per 256-bit vector: 64 bytes per pair,
+//   [b0 elements 0..15 | b1 elements 0..15 | b0 elements 16..31 | b1 elements 16..31],
+// and 8 scales per pair [d0 x4 | d1 x4]; an odd last block's missing partner is zeros (q and d).
+// Shared by every ISA (runs once per token: K elements).
+inline int64_t q8x_pairs(int64_t K) { return (K / kBlockElems + 1) / 2; }
+inline int64_t q8x_bytes(int64_t K) { return q8x_pairs(K) * 64; }
+inline int64_t q8x_scales(int64_t K) { return q8x_pairs(K) * 8; }
+
 inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
     const float kMagic = 12582912.f;  // 1.5 * 2^23: (v + magic) - magic rounds v to nearest even
-    for (int64_t b = 0; b < K / kBlockElems; ++b) {
+    const int64_t nb = K / kBlockElems;
+    std::memset(q, 0, size_t(q8x_bytes(K)));
+    std::memset(d, 0, size_t(q8x_scales(K)) * sizeof(float));
+    for (int64_t b = 0; b < nb; ++b) {
         const float* xb = x + b * kBlockElems;
-        int8_t* qb = q + b * kBlockElems;
+        int8_t* lo = q + (b / 2) * 64 + (b % 2) * 16;  // elements 0..15; 16..31 are 32 bytes on
+        float* db = d + (b / 2) * 8 + (b % 2) * 4;
         float amax = 0.f;
         bool finite = true;
         for (int j = 0; j < kBlockElems; ++j) {
@@ -87,18 +99,15 @@ inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
             if (!(a <= 3.4028234663852886e38f)) finite = false;  // NaN or inf
             else if (a > amax) amax = a;
         }
-        if (!finite) {
-            std::memset(qb, 0, kBlockElems);
-            d[b] = __builtin_nanf("");
-            continue;
-        }
+        const float scale = finite ? amax / 127.f : __builtin_nanf("");
+        for (int i = 0; i < 4; ++i) db[i] = scale;
+        if (!finite) continue;  // q stays 0
         const float id = amax > 0.f ? 127.f / amax : 0.f;
         for (int j = 0; j < kBlockElems; ++j) {
             float v = (xb[j] * id + kMagic) - kMagic;
             v = v > 127.f ? 127.f : (v < -127.f ? -127.f : v);
-            qb[j] = int8_t(int(v));
+            lo[j < 16 ? j : j + 16] = int8_t(int(v));
         }
-        d[b] = amax / 127.f;
     }
 }
 

@@ -274,64 +274,69 @@ void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, floa
     }
 }
 
-// ---- fast mode: int8 activations. Weights become signed int8 in natural element order (MXFP4:
-// one pshufb of the integer LUT2); |w| (unsigned) x (x with w's sign) through maddubs (no
-// saturation: 2*128*127 < 2^15), madd to 8 int32 lanes (lane l = elements 4l..4l+3), convert,
-// and scale by d_w*d_x. Float order fixed (see KernelSet::gemv_q8): the scalar twin matches.
+// ---- fast mode: int8 activations, two blocks per step (x in quantize_x_q8's pair layout).
+// Weights become signed int8: wa = elements 0..15 of both blocks, wb = elements 16..31 (MXFP4:
+// one pshufb of the integer LUT2 each, low/high nibbles). |w| (unsigned) x (x with w's sign)
+// through maddubs (no saturation: 2*128*127 < 2^15), madd to 8 int32 lanes (lanes 0..3: block
+// 2p, 4..7: block 2p+1), convert, one FMA by d_w*d_x. Float order as KernelSet::gemv_q8 defines,
+// so the scalar twin matches bit for bit.
 template <int FMT>
-inline __m256i load_w_int(const uint8_t* blk, const __m256i& lut, const __m256i& m0f, float& dw) {
+inline void load_pair(const uint8_t* blk, bool has1, const __m256i& lut, const __m256i& m0f, __m256i& wa,
+                      __m256i& wb, __m256& dw) {
+    constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
     if (FMT == kMXFP4) {
-        dw = g_e8m0_table[blk[0]];
-        const __m128i q = _mm_loadu_si128((const __m128i*)(blk + 1));
-        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m0f);
-        return _mm256_shuffle_epi8(lut, nib);
+        const __m128i q0 = _mm_loadu_si128((const __m128i*)(blk + 1));
+        const __m128i q1 = has1 ? _mm_loadu_si128((const __m128i*)(blk + bb + 1)) : _mm_setzero_si128();
+        const __m256i q = _mm256_set_m128i(q1, q0);
+        wa = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m0f));
+        wb = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f));
+        const __m128 d0 = _mm_broadcast_ss(&g_e8m0_table[blk[0]]);
+        const __m128 d1 = has1 ? _mm_broadcast_ss(&g_e8m0_table[blk[bb]]) : _mm_setzero_ps();
+        dw = _mm256_set_m128(d1, d0);
+    } else {
+        const __m128i z = _mm_setzero_si128();
+        wa = _mm256_set_m128i(has1 ? _mm_loadu_si128((const __m128i*)(blk + bb + 2)) : z,
+                              _mm_loadu_si128((const __m128i*)(blk + 2)));
+        wb = _mm256_set_m128i(has1 ? _mm_loadu_si128((const __m128i*)(blk + bb + 18)) : z,
+                              _mm_loadu_si128((const __m128i*)(blk + 18)));
+        uint16_t h0, h1 = 0;
+        std::memcpy(&h0, blk, 2);
+        if (has1) std::memcpy(&h1, blk + bb, 2);
+        dw = _mm256_set_m128(_mm_set1_ps(_cvtsh_ss(h1)), _mm_set1_ps(_cvtsh_ss(h0)));
     }
-    uint16_t h;
-    std::memcpy(&h, blk, 2);
-    dw = _cvtsh_ss(h);
-    return _mm256_loadu_si256((const __m256i*)(blk + 2));
 }
 
-inline __m256 dot_i8(__m256i aw, __m256i w, const int8_t* x, __m256i ones) {
-    const __m256i xv = _mm256_loadu_si256((const __m256i*)x);
-    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w));
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+template <int FMT>
+inline __m256 pair_dot(__m256i aa, __m256i wa, __m256i ab, __m256i wb, const int8_t* x, __m256i ones) {
+    const __m256i pa = _mm256_maddubs_epi16(aa, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)x), wa));
+    const __m256i pb = _mm256_maddubs_epi16(ab, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)(x + 32)), wb));
+    if (FMT == kMXFP4)  // |pa|, |pb| <= 2*12*127: their int16 sum cannot overflow
+        return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_add_epi16(pa, pb), ones));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(pa, ones), _mm256_madd_epi16(pb, ones)));
 }
 
 template <int FMT, int NT>
 void gemv_q8_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const int8_t* const* xq,
                const float* const* xd, float* out, int64_t ldo) {
     constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
-    const int64_t nb = K / kBlockElems;
+    const int64_t nb = K / kBlockElems, np = q8x_pairs(K);
     const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kMxfp4Lut2));
     for (int64_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = w + r * row_bytes;
         __m256 acc[NT];
         for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-        int64_t b = 0;
-        for (; b + 1 < nb; b += 2) {
-            const uint8_t* blk = row + b * bb;
+        for (int64_t p = 0; p < np; ++p) {
+            const uint8_t* blk = row + 2 * p * bb;
             _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
-            float dw0, dw1;
-            const __m256i w0 = load_w_int<FMT>(blk, lut, m0f, dw0);
-            const __m256i w1 = load_w_int<FMT>(blk + bb, lut, m0f, dw1);
-            const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+            __m256i wa, wb;
+            __m256 dw;
+            if (2 * p + 1 < nb) load_pair<FMT>(blk, true, lut, m0f, wa, wb, dw);
+            else load_pair<FMT>(blk, false, lut, m0f, wa, wb, dw);
+            const __m256i aa = _mm256_abs_epi8(wa), ab = _mm256_abs_epi8(wb);
             for (int t = 0; t < NT; ++t) {
-                const int8_t* x = xq[t] + b * kBlockElems;
-                const __m256 c0 = dot_i8(a0, w0, x, ones), c1 = dot_i8(a1, w1, x + kBlockElems, ones);
-                const __m256 p0 = _mm256_mul_ps(c0, _mm256_set1_ps(dw0 * xd[t][b]));
-                acc[t] = _mm256_add_ps(acc[t], _mm256_fmadd_ps(c1, _mm256_set1_ps(dw1 * xd[t][b + 1]), p0));
-            }
-        }
-        if (b < nb) {
-            float dw0;
-            const __m256i w0 = load_w_int<FMT>(row + b * bb, lut, m0f, dw0);
-            const __m256i a0 = _mm256_abs_epi8(w0);
-            for (int t = 0; t < NT; ++t) {
-                const __m256 c0 = dot_i8(a0, w0, xq[t] + b * kBlockElems, ones);
-                acc[t] = _mm256_add_ps(acc[t], _mm256_fmadd_ps(c0, _mm256_set1_ps(dw0 * xd[t][b]),
-                                                               _mm256_set1_ps(-0.0f)));
+                const __m256 c = pair_dot<FMT>(aa, wa, ab, wb, xq[t] + p * 64, ones);
+                acc[t] = _mm256_fmadd_ps(c, _mm256_mul_ps(dw, _mm256_loadu_ps(xd[t] + p * 8)), acc[t]);
             }
         }
         for (int t = 0; t < NT; ++t) out[t * ldo + r] = hsum(acc[t]);

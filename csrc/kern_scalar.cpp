@@ -84,15 +84,6 @@ void load_w_int(int fmt, const uint8_t* blk, int8_t* wv, float& dw) {
     }
 }
 
-// c[l] = float(sum of w[j]*x[j] over j = 4l..4l+3): the 8 int32 lanes of maddubs + madd.
-inline void lane_dots(const int8_t* wv, const int8_t* x, float* c) {
-    for (int l = 0; l < 8; ++l) {
-        int32_t s = 0;
-        for (int j = 4 * l; j < 4 * l + 4; ++j) s += int32_t(wv[j]) * int32_t(x[j]);
-        c[l] = float(s);
-    }
-}
-
 // The AVX2 hsum: (lanes i + i+4), then (0+2) + (1+3).
 inline float hsum8(const float* a) {
     const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
@@ -101,29 +92,31 @@ inline float hsum8(const float* a) {
 
 void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
              const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo) {
-    const int64_t nb = K / kBlockElems, bb = block_bytes(fmt);
-    int8_t w0[32], w1[32];
-    float c0[8], c1[8];
+    const int64_t nb = K / kBlockElems, bb = block_bytes(fmt), np = q8x_pairs(K);
+    int8_t wv[2][32];
+    float dw[2];
     for (int64_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = w + r * row_bytes;
         for (int t = 0; t < nt; ++t) {
             float acc[8] = {};
-            int64_t b = 0;
-            for (; b + 1 < nb; b += 2) {
-                float dw0, dw1;
-                load_w_int(fmt, row + b * bb, w0, dw0);
-                load_w_int(fmt, row + (b + 1) * bb, w1, dw1);
-                lane_dots(w0, xq[t] + b * kBlockElems, c0);
-                lane_dots(w1, xq[t] + (b + 1) * kBlockElems, c1);
-                const float s0 = dw0 * xd[t][b], s1 = dw1 * xd[t][b + 1];
-                for (int l = 0; l < 8; ++l) acc[l] += std::fma(c1[l], s1, c0[l] * s0);
-            }
-            if (b < nb) {
-                float dw0;
-                load_w_int(fmt, row + b * bb, w0, dw0);
-                lane_dots(w0, xq[t] + b * kBlockElems, c0);
-                const float s0 = dw0 * xd[t][b];
-                for (int l = 0; l < 8; ++l) acc[l] += std::fma(c0[l], s0, -0.0f);  // == c0*s0 exactly
+            for (int64_t p = 0; p < np; ++p) {
+                for (int h = 0; h < 2; ++h) {
+                    if (2 * p + h < nb) load_w_int(fmt, row + (2 * p + h) * bb, wv[h], dw[h]);
+                    else {
+                        std::memset(wv[h], 0, 32);
+                        dw[h] = 0.f;
+                    }
+                }
+                const int8_t* xp = xq[t] + p * 64;
+                const float* dp = xd[t] + p * 8;
+                for (int h = 0; h < 2; ++h)
+                    for (int l = 0; l < 4; ++l) {
+                        int32_t c = 0;
+                        for (int j = 4 * l; j < 4 * l + 4; ++j)
+                            c += int32_t(wv[h][j]) * xp[16 * h + j] + int32_t(wv[h][j + 16]) * xp[32 + 16 * h + j];
+                        const float sc = dw[h] * dp[4 * h + l];
+                        acc[4 * h + l] = std::fma(float(c), sc, acc[4 * h + l]);
+                    }
             }
             out[t * ldo + r] = hsum8(acc);
         }
