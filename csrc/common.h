@@ -75,12 +75,16 @@ struct KernelSet {
 // Fast mode activations: per 32-block d = max|x|/127, q = round-to-nearest(x/d) in [-127, 127].
 // A block holding NaN or +-inf gets d = NaN (and q = 0), so the dot products come out NaN rather
 // than quantization swallowing it. Stored by pairs of blocks (2p, 2p+1) for the GEMV, which
-// decodes two MXFP4 blocks per 256-bit vector: 64 bytes per pair,
-//   [b0 elements 0..15 | b1 elements 0..15 | b0 elements 16..31 | b1 elements 16..31],
+// decodes two MXFP4 blocks per 256-bit vector: 96 bytes per pair,
+//   [b0 elements 0..15 | b1 elements 0..15 | b0 elements 16..31 | b1 elements 16..31] (int8),
+//   then 8 int32: 12 * (sum of the 8 q that int32 lane l of the dot product covers: l < 4 block
+//   b0, elements 4l..4l+3 and 16+4l..16+4l+3; l >= 4 the same in b1), the correction that lets
+//   the MXFP4 GEMV multiply unsigned LUT2+12 weights (maddubs) and subtract it afterwards;
 // and 8 scales per pair [d0 x4 | d1 x4]; an odd last block's missing partner is zeros (q and d).
 // Shared by every ISA (runs once per token: K elements).
 inline int64_t q8x_pairs(int64_t K) { return (K / kBlockElems + 1) / 2; }
-inline int64_t q8x_bytes(int64_t K) { return q8x_pairs(K) * 64; }
+constexpr int kQ8xPairBytes = 96;
+inline int64_t q8x_bytes(int64_t K) { return q8x_pairs(K) * kQ8xPairBytes; }
 inline int64_t q8x_scales(int64_t K) { return q8x_pairs(K) * 8; }
 
 inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
@@ -90,7 +94,7 @@ inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
     std::memset(d, 0, size_t(q8x_scales(K)) * sizeof(float));
     for (int64_t b = 0; b < nb; ++b) {
         const float* xb = x + b * kBlockElems;
-        int8_t* lo = q + (b / 2) * 64 + (b % 2) * 16;  // elements 0..15; 16..31 are 32 bytes on
+        int8_t* lo = q + (b / 2) * kQ8xPairBytes + (b % 2) * 16;  // elements 0..15; 16..31: 32 bytes on
         float* db = d + (b / 2) * 8 + (b % 2) * 4;
         float amax = 0.f;
         bool finite = true;
@@ -108,6 +112,13 @@ inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
             v = v > 127.f ? 127.f : (v < -127.f ? -127.f : v);
             lo[j < 16 ? j : j + 16] = int8_t(int(v));
         }
+        int32_t sums[4];
+        for (int l = 0; l < 4; ++l) {
+            int32_t sum = 0;
+            for (int j = 4 * l; j < 4 * l + 4; ++j) sum += lo[j] + lo[j + 32];
+            sums[l] = 12 * sum;
+        }
+        std::memcpy(q + (b / 2) * kQ8xPairBytes + 64 + (b % 2) * 16, sums, sizeof(sums));
     }
 }
 

@@ -275,10 +275,11 @@ void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, floa
 }
 
 // ---- fast mode: int8 activations, two blocks per step (x in quantize_x_q8's pair layout).
-// Weights become signed int8: wa = elements 0..15 of both blocks, wb = elements 16..31 (MXFP4:
-// one pshufb of the integer LUT2 each, low/high nibbles). |w| (unsigned) x (x with w's sign)
-// through maddubs (no saturation: 2*128*127 < 2^15), madd to 8 int32 lanes (lanes 0..3: block
-// 2p, 4..7: block 2p+1), convert, one FMA by d_w*d_x. Float order as KernelSet::gemv_q8 defines,
+// Weights: wa = elements 0..15 of both blocks, wb = elements 16..31. MXFP4: one pshufb each of
+// LUT2 + 12 (unsigned 0..24) straight into maddubs with x, madd to 8 int32 lanes (lanes 0..3:
+// block 2p, 4..7: block 2p+1), minus 12 * (lane sums of x) precomputed with x: exact.
+// Q8_0: |w| (unsigned) x (x with w's sign) through maddubs (no saturation: 2*128*127 < 2^15).
+// Then convert, one FMA by d_w*d_x. Float order as KernelSet::gemv_q8 defines,
 // so the scalar twin matches bit for bit.
 template <int FMT>
 inline void load_pair(const uint8_t* blk, bool has1, const __m256i& lut, const __m256i& m0f, __m256i& wa,
@@ -288,7 +289,7 @@ inline void load_pair(const uint8_t* blk, bool has1, const __m256i& lut, const _
         const __m128i q0 = _mm_loadu_si128((const __m128i*)(blk + 1));
         const __m128i q1 = has1 ? _mm_loadu_si128((const __m128i*)(blk + bb + 1)) : _mm_setzero_si128();
         const __m256i q = _mm256_set_m128i(q1, q0);
-        wa = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m0f));
+        wa = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m0f));  // lut: LUT2 + 12
         wb = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f));
         const __m128 d0 = _mm_broadcast_ss(&g_e8m0_table[blk[0]]);
         const __m128 d1 = has1 ? _mm_broadcast_ss(&g_e8m0_table[blk[bb]]) : _mm_setzero_ps();
@@ -308,10 +309,14 @@ inline void load_pair(const uint8_t* blk, bool has1, const __m256i& lut, const _
 
 template <int FMT>
 inline __m256 pair_dot(__m256i aa, __m256i wa, __m256i ab, __m256i wb, const int8_t* x, __m256i ones) {
+    if (FMT == kMXFP4) {  // wa, wb = LUT2 + 12 in 0..24: |pair sums| <= 2*24*127, their sum < 2^15
+        const __m256i pa = _mm256_maddubs_epi16(wa, _mm256_loadu_si256((const __m256i*)x));
+        const __m256i pb = _mm256_maddubs_epi16(wb, _mm256_loadu_si256((const __m256i*)(x + 32)));
+        const __m256i s = _mm256_madd_epi16(_mm256_add_epi16(pa, pb), ones);
+        return _mm256_cvtepi32_ps(_mm256_sub_epi32(s, _mm256_loadu_si256((const __m256i*)(x + 64))));
+    }
     const __m256i pa = _mm256_maddubs_epi16(aa, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)x), wa));
     const __m256i pb = _mm256_maddubs_epi16(ab, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)(x + 32)), wb));
-    if (FMT == kMXFP4)  // |pa|, |pb| <= 2*12*127: their int16 sum cannot overflow
-        return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_add_epi16(pa, pb), ones));
     return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(pa, ones), _mm256_madd_epi16(pb, ones)));
 }
 
@@ -321,7 +326,8 @@ void gemv_q8_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, c
     constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
     const int64_t nb = K / kBlockElems, np = q8x_pairs(K);
     const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kMxfp4Lut2));
+    const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kMxfp4Lut2)),
+                                        _mm256_set1_epi8(12));
     for (int64_t r = 0; r < n_rows; ++r) {
         const uint8_t* row = w + r * row_bytes;
         __m256 acc[NT];
@@ -333,9 +339,10 @@ void gemv_q8_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, c
             __m256 dw;
             if (2 * p + 1 < nb) load_pair<FMT>(blk, true, lut, m0f, wa, wb, dw);
             else load_pair<FMT>(blk, false, lut, m0f, wa, wb, dw);
-            const __m256i aa = _mm256_abs_epi8(wa), ab = _mm256_abs_epi8(wb);
+            __m256i aa = wa, ab = wb;
+            if (FMT != kMXFP4) aa = _mm256_abs_epi8(wa), ab = _mm256_abs_epi8(wb);
             for (int t = 0; t < NT; ++t) {
-                const __m256 c = pair_dot<FMT>(aa, wa, ab, wb, xq[t] + p * 64, ones);
+                const __m256 c = pair_dot<FMT>(aa, wa, ab, wb, xq[t] + p * kQ8xPairBytes, ones);
                 acc[t] = _mm256_fmadd_ps(c, _mm256_mul_ps(dw, _mm256_loadu_ps(xd[t] + p * 8)), acc[t]);
             }
         }

@@ -107,7 +107,7 @@ void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64
                         dw[h] = 0.f;
                     }
                 }
-                const int8_t* xp = xq[t] + p * 64;
+                const int8_t* xp = xq[t] + p * kQ8xPairBytes;
                 const float* dp = xd[t] + p * 8;
                 for (int h = 0; h < 2; ++h)
                     for (int l = 0; l < 4; ++l) {
