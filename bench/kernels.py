@@ -2,6 +2,10 @@
 cold MoE layer at T=1, GFLOP/s at T=8/64/512, the Q8_0 output head at T=1, beside the machine's
 read bandwidth measured in the same run (numpy sum over a large array, 1 and 2 threads).
 
+Fast mode (kernels.set_fast_math: int8 activations on the GEMV path) gets its own T=1 rows,
+measured in the same run, and a closing table of speed-ups over fp32 (1 thread: thread-CPU-time
+rates, which the other processes on a shared core do not distort; 2 threads: wall-time medians).
+
 "Cold": each call routes to 4 experts of a fresh group, cycling through 32 experts (423 MB),
 so the weights come from RAM, not the 32 MB L3. Medians of --repeats runs. Numbers are noisy on
 a shared machine; rerun when it is quiet.
@@ -110,6 +114,7 @@ def main() -> None:
     bw_buf = np.ones(int(args.bw_gib * 2**30) // 8, dtype=np.float64)
     expert_bytes = 3 * I * MX_ROW
 
+    speedups = []  # (threads, case, fp32 rate, fast rate) in GB/s
     print(f"isa={K.isa()}  repeats={args.repeats} (medians)  20b shapes H=I={H}, E={E}, top-{TOPK}")
     rows = []
     for nt in args.threads:
@@ -131,11 +136,20 @@ def main() -> None:
             state["i"] += 1
             K.moe_forward(x1, ids, w1, experts)
 
-        t, best = timed(cold_decode, args.repeats * 4)
-        gbs = TOPK * expert_bytes / t / 1e9
-        rows.append((nt, "MoE T=1 cold, 4 experts", f"{gbs:.1f} GB/s",
-                     f"{t * 1e3:.2f} ms, {gbs / bw:.0%} of read bw; best {TOPK * expert_bytes / best / 1e9:.1f} GB/s"
-                     + cpu_note(nt, TOPK * expert_bytes, "GB/s")))
+        def rate(amount: float, t: float) -> float:  # the speed-up table's rate: CPU time at 1 thread
+            return amount / (LAST_CPU_S[0] if nt == 1 else t) / 1e9
+
+        moe_rates = []
+        for fast in (False, True):
+            K.set_fast_math(fast)
+            t, best = timed(cold_decode, args.repeats * 4)
+            moe_rates.append(rate(TOPK * expert_bytes, t))
+            gbs = TOPK * expert_bytes / t / 1e9
+            rows.append((nt, "MoE T=1 cold, 4 experts" + (" FAST int8" if fast else ""), f"{gbs:.1f} GB/s",
+                         f"{t * 1e3:.2f} ms, {gbs / bw:.0%} of read bw; best {TOPK * expert_bytes / best / 1e9:.1f} GB/s"
+                         + cpu_note(nt, TOPK * expert_bytes, "GB/s")))
+        K.set_fast_math(False)
+        speedups.append((nt, "MoE T=1 cold", *moe_rates))
 
         for T in args.tokens:
             x = torch.randn(T, H)
@@ -147,10 +161,17 @@ def main() -> None:
                          f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s" + cpu_note(nt, flops, "GFLOP/s")))
 
         xh = torch.randn(1, H)
-        t, best = timed(lambda: K.linear_q8_0(xh, head), args.repeats)
-        rows.append((nt, "Q8_0 head 201088x2880 T=1", f"{head.nbytes / t / 1e9:.1f} GB/s",
-                     f"{t * 1e3:.1f} ms, {head.nbytes / t / 1e9 / bw:.0%} of read bw; best {head.nbytes / best / 1e9:.1f}"
-                     + cpu_note(nt, head.nbytes, "GB/s")))
+        head_rates = []
+        for fast in (False, True):
+            K.set_fast_math(fast)
+            t, best = timed(lambda: K.linear_q8_0(xh, head), args.repeats)
+            head_rates.append(rate(head.nbytes, t))
+            rows.append((nt, "Q8_0 head 201088x2880 T=1" + (" FAST int8" if fast else ""),
+                         f"{head.nbytes / t / 1e9:.1f} GB/s",
+                         f"{t * 1e3:.1f} ms, {head.nbytes / t / 1e9 / bw:.0%} of read bw; best {head.nbytes / best / 1e9:.1f}"
+                         + cpu_note(nt, head.nbytes, "GB/s")))
+        K.set_fast_math(False)
+        speedups.append((nt, "Q8_0 head T=1", *head_rates))
         xd = torch.randn(512, H)
         wd = head[:4096]  # attention q projection shape: 4096 x 2880 Q8_0
         t, best = timed(lambda: K.linear_q8_0(xd, wd), max(3, args.repeats // 2))
@@ -161,6 +182,10 @@ def main() -> None:
     print(f"| threads | case | rate | notes |\n|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
+    print("\nfast mode (int8 activations) vs fp32, same run; 1 thread: CPU-time rates, 2+: wall medians")
+    print("| threads | case | fp32 GB/s | fast GB/s | speed-up |\n|---|---|---|---|---|")
+    for nt, case, slow, fast in speedups:
+        print(f"| {nt} | {case} | {slow:.1f} | {fast:.1f} | {fast / slow:.2f}x |")
 
 
 if __name__ == "__main__":
