@@ -119,3 +119,31 @@ def test_cli_rejects_a_non_gguf_file(tmp_path):
     out = subprocess.run([sys.executable, "-m", "hybridmoe.cli", "generate", "-m", str(bad), "-n", "1"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "Traceback" not in out.stderr and "magic" in out.stderr.lower()
+
+
+def test_fast_math_is_opt_in_and_close(tiny_gguf, tiny_llm):
+    """--fast-math quantizes decode activations to int8 (llama.cpp's numerics); the default is exact."""
+    from hybridmoe import kernels
+    from hybridmoe.models.gpt_oss import SeqChunk
+
+    if not kernels.available():
+        pytest.skip("C kernels not built: fast mode is a kernel feature")
+
+    def decode_rows(llm, ids):
+        cache = llm.model.make_cache(len(ids))
+        llm.model.forward([SeqChunk(cache, ids[:1])])
+        return np.array([llm.model.forward([SeqChunk(cache, [t])])[0].numpy() for t in ids[1:]])
+
+    ids = list(range(300, 340))
+    assert not kernels.fast_math()
+    exact = decode_rows(tiny_llm, ids)
+    fast_llm = LLM(tiny_gguf, threads=1, fast_math=True)
+    try:
+        assert kernels.fast_math()
+        fast = decode_rows(fast_llm, ids)
+    finally:
+        kernels.set_fast_math(False)
+    rows = np.abs(fast - exact).max(1) / np.abs(exact).max(1)
+    assert np.isfinite(fast).all()
+    assert 0 < np.median(rows) < 0.05, rows  # really the int8 path, and close (~1% measured)
+    assert (fast.argmax(1) == exact.argmax(1)).mean() >= 0.9
