@@ -42,12 +42,12 @@ def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def child_hybridmoe(model: str, threads: int, ctx: int) -> dict:
+def child_hybridmoe(model: str, threads: int, ctx: int, fast_math: bool = False) -> dict:
     from hybridmoe import LLM
     from hybridmoe.models.gpt_oss import SeqChunk
 
     t0 = time.perf_counter()
-    llm = LLM(model, threads=threads, ctx_size=ctx, batch_size=512)
+    llm = LLM(model, threads=threads, ctx_size=ctx, batch_size=512, fast_math=fast_math)
     res = {"load_s": time.perf_counter() - t0}
     vocab = llm.config.vocab_size
     t = time.perf_counter()
@@ -121,7 +121,12 @@ def child_llamacpp(model: str, threads: int, ctx: int) -> dict:
     return res
 
 
-CHILDREN = {"hybridmoe": child_hybridmoe, "llama.cpp": child_llamacpp}
+def child_hybridmoe_fast(model: str, threads: int, ctx: int) -> dict:
+    """The opt-in --fast-math mode (int8 decode activations, as llama.cpp computes)."""
+    return child_hybridmoe(model, threads, ctx, fast_math=True)
+
+
+CHILDREN = {"hybridmoe": child_hybridmoe, "hybridmoe-fast": child_hybridmoe_fast, "llama.cpp": child_llamacpp}
 
 
 def run_child(engine: str, model: str, threads: int, ctx: int, timeout_s: float) -> dict:
@@ -175,12 +180,13 @@ def main() -> None:
         print(f"hybridmoe decode: {frac:.0%} of step time inside kernel calls, {1 - frac:.0%} elsewhere "
               "(Python, torch attention/norms)")
     med = {e: {k: statistics.median(r[k] for r in rs) for k in keys} for e, rs in results.items()}
-    print("\n| metric | " + " | ".join(args.engines) + (" | hybridmoe / llama.cpp |" if len(med) == 2 else " |"))
-    print("|---" * (len(args.engines) + 1 + (len(med) == 2)) + "|")
+    ours = [e for e in args.engines if e.startswith("hybridmoe")]
+    ratio_cols = [e for e in ours if "llama.cpp" in med]
+    print("\n| metric | " + " | ".join(args.engines) + "".join(f" | {e} / llama.cpp" for e in ratio_cols) + " |")
+    print("|---" * (len(args.engines) + 1 + len(ratio_cols)) + "|")
     for k in keys:
         row = f"| {k} | " + " | ".join(f"{med[e][k]:.2f}" for e in args.engines)
-        if len(med) == 2:
-            row += f" | {med['hybridmoe'][k] / med['llama.cpp'][k]:.2f}x"
+        row += "".join(f" | {med[e][k] / med['llama.cpp'][k]:.2f}x" for e in ratio_cols)
         print(row + " |")
     print(f"(pp/tg in tok/s, higher is better; seconds and GiB lower is better; first_prefill_s ="
           f" the first {WARMUP_TOKENS}-token prefill after load, which pays for first-touch page faults)")
