@@ -17,15 +17,9 @@ WORK = Path(__file__).resolve().parent / "work"
 VOCAB_SIZE = 4096
 SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
             "<|start|>", "<|end|>", "<|message|>", "<|call|>"]
-O200K_PATTERN = "|".join([
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-    r"\p{N}{1,3}",
-    r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
-    r"\s*[\r\n]+",
-    r"\s+(?!\S)",
-    r"\s+",
-])
+# The engine's own gpt-4o split, so the trained BPE cannot drift from what GGUF loading uses.
+from hybridmoe.tokenizer.tokenizer import O200K_PATTERN  # noqa: E402
+
 _SPECIAL_RE = re.compile("|".join(re.escape(s) for s in SPECIALS))
 
 
