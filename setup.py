@@ -25,7 +25,7 @@ class OptionalBuildExt(build_ext):
 kernels = Extension(
     "hybridmoe.kernels._hmk",
     sources=sorted(glob.glob("csrc/*.cpp")),
-    depends=sorted(glob.glob("csrc/*.h")),
+    depends=sorted(glob.glob("csrc/*.h") + glob.glob("csrc/*.inc")),
     language="c++",
     # ISA-specific files select their own targets with #pragma GCC target; no -march=native so
     # the library runs anywhere and dispatches at load.

@@ -131,26 +131,7 @@ void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, cons
     }
 }
 
-template <int FMT>
-void gemv_fmt(const uint8_t* w, int64_t rb, int64_t n, int64_t K, const float* const* xs, int nt,
-              float* out, int64_t ldo) {
-    switch (nt) {
-        case 1: return gemv_t<FMT, 1>(w, rb, n, K, xs, out, ldo);
-        case 2: return gemv_t<FMT, 2>(w, rb, n, K, xs, out, ldo);
-        case 3: return gemv_t<FMT, 3>(w, rb, n, K, xs, out, ldo);
-        case 4: return gemv_t<FMT, 4>(w, rb, n, K, xs, out, ldo);
-        case 5: return gemv_t<FMT, 5>(w, rb, n, K, xs, out, ldo);
-        case 6: return gemv_t<FMT, 6>(w, rb, n, K, xs, out, ldo);
-        case 7: return gemv_t<FMT, 7>(w, rb, n, K, xs, out, ldo);
-        default: return gemv_t<FMT, 8>(w, rb, n, K, xs, out, ldo);
-    }
-}
-
-void gemv(int fmt, const uint8_t* w, int64_t rb, int64_t n, int64_t K, const float* const* xs, int nt,
-          float* out, int64_t ldo) {
-    if (fmt == kMXFP4) gemv_fmt<kMXFP4>(w, rb, n, K, xs, nt, out, ldo);
-    else gemv_fmt<kQ8_0>(w, rb, n, K, xs, nt, out, ldo);
-}
+#include "gemv_dispatch.inc"
 
 void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* tile) {
     const int64_t nb = K / kBlockElems;
