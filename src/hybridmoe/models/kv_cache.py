@@ -75,8 +75,7 @@ class SequenceKVCache:
             V[:, pos0 : pos0 + T] = v_new
             return K[:, : pos0 + T], V[:, : pos0 + T], torch.arange(pos0 + T, device=K.device)
         slots = P.shape[0]
-        # Older ring entries at or past pos0 belong to a rolled-back future: hide them.
-        P.masked_fill_(P >= pos0, -1)
+        # (Ring entries at or past pos0 cannot exist: truncate() hides a rolled-back future.)
         new_pos = torch.arange(pos0, pos0 + T, device=K.device)
         if T <= slots - self.layout.window + 1:
             # Writing first overwrites nothing the chunk's first query still needs: attend the ring.
@@ -84,7 +83,7 @@ class SequenceKVCache:
             K[:, idx] = k_new
             V[:, idx] = v_new
             P[idx] = new_pos
-            return K, V, P.clone()
+            return K, V, P
         k_all = torch.cat((K, k_new), dim=1)
         v_all = torch.cat((V, v_new), dim=1)
         pos_all = torch.cat((P, new_pos))

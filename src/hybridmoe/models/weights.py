@@ -103,7 +103,6 @@ class DenseLinear:
         info = mf.tensors[weight]
         device = torch.device(device)
         self.name = weight
-        self.out_features, self.in_features = info.shape[0], info.shape[-1] if len(info.shape) == 2 else None
         self.bias = load_f32(mf, bias, device) if bias else None
         mode = dtype or _default_dense_dtype(device, info.ggml_type)
         if mode != "stored" and mode not in DENSE_DTYPES:
