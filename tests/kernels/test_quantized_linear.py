@@ -81,6 +81,22 @@ def test_gemv_and_tile_paths_agree(t, use_isa):
     assert rel_err(a, b) < LINEAR_TOL
 
 
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("t", TYPES)
+@pytest.mark.parametrize("T", [9, 17, 24])
+def test_tile_gemm_k_blocks_with_a_tail(isa, t, T, use_isa):
+    """K = 704: the AVX2 GEMM's K blocking (320) runs two full blocks and a 64-wide tail, with an
+    odd count of 8-token groups (T=9, 17) and an even one (24); rows not a multiple of 6."""
+    use_isa(isa)
+    rng = np.random.default_rng()
+    w = quantized(rng, 53, 704, t)
+    x = torch.from_numpy(rng.standard_normal((T, 704), dtype=np.float32))
+    K.set_gemv_max_tokens(0)  # force tile + GEMM
+    y = K._linear(x, w, None, t)
+    ref = x.double() @ dequant64(w, t).T
+    assert torch.isfinite(y).all() and rel_err(y, ref) < LINEAR_TOL
+
+
 def test_linear_nan_propagates():
     rng = np.random.default_rng()
     w = quantized(rng, 24, 64, GGMLType.Q8_0)
