@@ -2,8 +2,8 @@
 
     python bench/decode_overhead.py -m /path/to/gpt-oss-20b-synth.gguf -t 2 [--steps 16] [--ctx 512]
 
-Prints a table per step count: median step ms, median kernel ms (MoE + Q8_0 linears, timed
-around each call) and the rest (torch ops + Python), with the overhead share. Write a 20b file
+Prints a table per step count: median step ms, median kernel ms (MoE, Q8_0 linears incl. the
+fused q/k/v group, decode attention; timed around each call, Python wrapper included) and the rest (torch ops + Python), with the overhead share. Write a 20b file
 with `hybridmoe synth --preset 20b --out FILE`.
 """
 
@@ -39,9 +39,11 @@ def main() -> None:
 
         return wrapper
 
-    # Patch the names the model modules call through.
+    # Patch the names the model modules call through (before the model builds its q/k/v groups).
     kernels.moe_forward = timed(kernels.moe_forward)
     kernels.linear_q8_0 = timed(kernels.linear_q8_0)
+    kernels.attn_decode = timed(kernels.attn_decode)
+    kernels.LinearGroup.__call__ = timed(kernels.LinearGroup.__call__)
     weights.kernels = kernels
 
     cache = llm.model.make_cache(args.ctx + args.steps + 8)

@@ -117,6 +117,16 @@ void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, 
 }
 
 // ---------------------------------------------------------------- dense linear
+constexpr int kMaxLinearMats = 8;  // matrices sharing one input in one call (q, k, v)
+
+struct LinearMat {
+    const uint8_t* w;
+    int64_t N, row_stride;
+    const float* bias;
+    float* out;  // out[t*ldo + r]
+    int64_t ldo, unit0;  // first work unit of this matrix
+};
+
 struct LinearCtx {
     const KernelSet* ks;
     int fmt;
@@ -124,10 +134,9 @@ struct LinearCtx {
     const float* x;  // [T, K] prepped for the GEMV path, or packed for the tile path
     std::vector<const int8_t*> xq;  // fast mode GEMV: quantized rows (else empty)
     std::vector<const float*> xd;
-    int64_t T, K, N, row_stride;
-    const uint8_t* w;
-    const float* bias;
-    float* out;  // [T, N]
+    int64_t T, K;
+    LinearMat mats[kMaxLinearMats];
+    int n_mats;
     int64_t num_units;
     std::atomic<int64_t> next{0};
 };
@@ -135,13 +144,16 @@ struct LinearCtx {
 void linear_job(void* p, int) {
     auto& c = *static_cast<LinearCtx*>(p);
     for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < c.num_units;) {
-        const int64_t r0 = u * kChunkRows, nr = std::min(kChunkRows, c.N - r0);
+        int m = 0;
+        while (m + 1 < c.n_mats && u >= c.mats[m + 1].unit0) ++m;
+        const LinearMat& a = c.mats[m];
+        const int64_t r0 = (u - a.unit0) * kChunkRows, nr = std::min(kChunkRows, a.N - r0);
         float* buf = grow(t_buf0, size_t(c.T * nr));
-        rows_times(c.ks, c.fmt, c.tile_path, c.w + r0 * c.row_stride, c.row_stride, nr, c.K, c.x, c.T, buf,
+        rows_times(c.ks, c.fmt, c.tile_path, a.w + r0 * a.row_stride, a.row_stride, nr, c.K, c.x, c.T, buf,
                    c.xq.empty() ? nullptr : c.xq.data(), c.xd.empty() ? nullptr : c.xd.data());
         for (int64_t t = 0; t < c.T; ++t)
             for (int64_t r = 0; r < nr; ++r)
-                c.out[t * c.N + r0 + r] = buf[t * nr + r] + (c.bias ? c.bias[r0 + r] : 0.f);
+                a.out[t * a.ldo + r0 + r] = buf[t * nr + r] + (a.bias ? a.bias[r0 + r] : 0.f);
     }
 }
 
@@ -246,7 +258,7 @@ void moe_combine_job(void* p, int) {
 
 using namespace hm;
 
-HM_API int hm_abi_version() { return 2; }
+HM_API int hm_abi_version() { return 3; }
 
 HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
 
@@ -299,12 +311,16 @@ HM_API int hm_dequant(int fmt, const uint8_t* w, int64_t n_rows, int64_t row_str
     return 0;
 }
 
-// out[T, N] = x[T, K] @ W[N, K]^T (+ bias[N]); W quantized (MXFP4 or Q8_0), rows row_stride apart.
-HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_t* w, int64_t N,
-                     int64_t row_stride, const float* bias, float* out) {
-    if (!fmt_ok(fmt) || T < 0 || N < 0 || K <= 0 || K % kBlockElems || row_stride < row_bytes_of(fmt, K))
-        return kErrBadArg;
-    if (T == 0 || N == 0) return 0;
+// For each of n matrices: out_i[t*ldo_i + r] = x[T, K] @ W_i[N_i, K]^T (+ bias_i), W_i quantized
+// (MXFP4 or Q8_0, all the same format), rows row_stride_i apart. One input preparation and one
+// pass of the pool for all of them (q, k and v of a layer in one call).
+HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n, const uint8_t* const* ws,
+                           const int64_t* Ns, const int64_t* row_strides, const float* const* biases,
+                           float* const* outs, const int64_t* ldos) {
+    if (!fmt_ok(fmt) || T < 0 || K <= 0 || K % kBlockElems || n < 1 || n > kMaxLinearMats) return kErrBadArg;
+    for (int i = 0; i < n; ++i)
+        if (Ns[i] < 0 || row_strides[i] < row_bytes_of(fmt, K) || ldos[i] < Ns[i]) return kErrBadArg;
+    if (T == 0) return 0;
     std::lock_guard<std::mutex> lock(g_call_mu);
     LinearCtx c;
     c.ks = g_ks;
@@ -329,11 +345,21 @@ HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_
         c.ks->pack_a(rows.data(), T, K, xp);
         c.x = xp;
     }
-    c.T = T; c.K = K; c.N = N; c.row_stride = row_stride;
-    c.w = w; c.bias = bias; c.out = out;
-    c.num_units = (N + kChunkRows - 1) / kChunkRows;
+    c.T = T; c.K = K; c.n_mats = n;
+    int64_t units = 0;
+    for (int i = 0; i < n; ++i) {
+        c.mats[i] = {ws[i], Ns[i], row_strides[i], biases[i], outs[i], ldos[i], units};
+        units += (Ns[i] + kChunkRows - 1) / kChunkRows;
+    }
+    c.num_units = units;
     g_pool->run(linear_job, &c);
     return 0;
+}
+
+// out[T, N] = x[T, K] @ W[N, K]^T (+ bias[N]); W quantized (MXFP4 or Q8_0), rows row_stride apart.
+HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_t* w, int64_t N,
+                     int64_t row_stride, const float* bias, float* out) {
+    return hm_linear_multi(fmt, x, T, K, 1, &w, &N, &row_stride, &bias, &out, &N);
 }
 
 // gpt-oss MoE layer: out[T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]). Gate/up tensors are
@@ -434,6 +460,103 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     g_pool->run(moe_down_job, &c);
     c.next.store(0);
     g_pool->run(moe_combine_job, &c);
+    return 0;
+}
+
+// ---------------------------------------------------------------- decode attention
+// One new token of one sequence against its head-major float32 KV cache: the whole attention
+// step in one call, so a decode step does not pay ~40 small torch ops per layer (each one slow
+// right after a weight stream has flushed the caches).
+namespace hm {
+namespace {
+struct AttnCtx {
+    const KernelSet* ks;
+    const float *q, *Kc, *Vc, *sinks;
+    const uint8_t* vis;
+    int64_t Hkv, g, d, slots, n;
+    float scale;
+    float* out;
+    std::atomic<int64_t> next{0};
+};
+
+thread_local std::vector<float> t_attn_p;
+
+void attn_job(void* p, int) {
+    auto& c = *static_cast<AttnCtx*>(p);
+    for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < c.Hkv;) {
+        float* scratch = grow(t_attn_p, size_t(c.g * c.n));
+        c.ks->attn_group(c.q + u * c.g * c.d, int(c.g), c.Kc + u * c.slots * c.d, c.Vc + u * c.slots * c.d, c.n,
+                         c.d, c.vis, c.sinks + u * c.g, c.scale, scratch, c.out + u * c.g * c.d);
+    }
+}
+
+// NeoX half rotation in place: x*cos + (x2, x1)*sin per head, cos/sin [d] (sin signed).
+void rope_heads(float* x, int64_t heads, int64_t d, const float* cos, const float* sin) {
+    const int64_t half = d / 2;
+    for (int64_t h = 0; h < heads; ++h) {
+        float* v = x + h * d;
+        for (int64_t i = 0; i < half; ++i) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * cos[i] + b * sin[i];
+            v[i + half] = b * cos[i + half] + a * sin[i + half];
+        }
+    }
+}
+
+std::vector<uint8_t> g_vis;
+}  // namespace
+}  // namespace hm
+
+// q [Hq*d] and k [Hkv*d] are roped in place (cos/sin [d] from RopeTable; null: no rope), k and
+// v are written to `slot` of Kc/Vc ([Hkv][slots][d]), and for a ring layer kpos[slot] = pos.
+// out [Hq*d] = attention of q over slots 0..n_keys-1 with one sink logit per query head. Visible
+// keys: a full layer (kpos null) sees every slot < n_keys; a ring layer the slots with
+// 0 <= kpos <= pos and, when window > 0, kpos > pos - window.
+HM_API int hm_attn_decode(float* q, float* k, const float* v, int64_t Hq, int64_t Hkv, int64_t d,
+                          const float* cos, const float* sin, float* Kc, float* Vc, int64_t slots,
+                          int64_t slot, int64_t* kpos, int64_t pos, int64_t n_keys, int64_t window,
+                          const float* sinks, float scale, float* out) {
+    if (Hq < 1 || Hkv < 1 || Hq % Hkv || Hq / Hkv > kMaxAttnGroup || d < 2 || d % 2 || slots < 1 ||
+        slot < 0 || slot >= slots || n_keys < 1 || n_keys > slots || pos < 0 || window < 0 || (!cos) != (!sin))
+        return kErrBadArg;
+    std::lock_guard<std::mutex> lock(g_call_mu);
+    if (cos) {
+        rope_heads(q, Hq, d, cos, sin);
+        rope_heads(k, Hkv, d, cos, sin);
+    }
+    for (int64_t h = 0; h < Hkv; ++h) {
+        std::memcpy(Kc + (h * slots + slot) * d, k + h * d, size_t(d) * sizeof(float));
+        std::memcpy(Vc + (h * slots + slot) * d, v + h * d, size_t(d) * sizeof(float));
+    }
+    const uint8_t* vis = nullptr;
+    if (kpos) {
+        kpos[slot] = pos;
+        uint8_t* m = grow(g_vis, size_t(n_keys));
+        for (int64_t j = 0; j < n_keys; ++j)
+            m[j] = kpos[j] >= 0 && kpos[j] <= pos && (window == 0 || kpos[j] > pos - window);
+        vis = m;
+    }
+    AttnCtx c;
+    c.ks = g_ks; c.q = q; c.Kc = Kc; c.Vc = Vc; c.sinks = sinks; c.vis = vis;
+    c.Hkv = Hkv; c.g = Hq / Hkv; c.d = d; c.slots = slots; c.n = n_keys; c.scale = scale; c.out = out;
+    g_pool->run(attn_job, &c);
+    return 0;
+}
+
+// ---------------------------------------------------------------- RMSNorm
+// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n floats; mean accumulated in double.
+// A decode step normalises a few rows twice per layer: one short call instead of the handful of
+// torch ops RMSNorm costs on the CPU (each slow right after a weight stream).
+HM_API int hm_rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* out) {
+    if (rows < 0 || n < 1) return kErrBadArg;
+    for (int64_t t = 0; t < rows; ++t) {
+        const float* xr = x + t * n;
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+        const float r = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
+        float* o = out + t * n;
+        for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * r * w[i];
+    }
     return 0;
 }
 

@@ -70,7 +70,15 @@ struct KernelSet {
     // finally hsum8(acc). Every ISA does exactly this, so all variants agree bit for bit.
     void (*gemv_q8)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
                     const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
+    // Decode attention for the g (<= kMaxAttnGroup) query heads q [g][d] that share one KV head:
+    // K, V rows [n][d]; vis[j] != 0 marks the visible keys (null: all n); one sink logit per
+    // head. out[h] = sum_j p_hj v_j, p_h = softmax over {scale * q_h . k_j : visible j} and the
+    // sink (which takes mass, adds no value). p: scratch of g * n floats.
+    void (*attn_group)(const float* q, int g, const float* K, const float* V, int64_t n, int64_t d,
+                       const uint8_t* vis, const float* sink, float scale, float* p, float* out);
 };
+
+constexpr int kMaxAttnGroup = 64;  // query heads per KV head the attention kernels accept
 
 // Fast mode activations: per 32-block d = max|x|/127, q = round-to-nearest(x/d) in [-127, 127].
 // A block holding NaN or +-inf gets d = NaN (and q = 0), so the dot products come out NaN rather
@@ -137,6 +145,15 @@ void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, floa
 void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
              const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
 }  // namespace avx2
+
+namespace scalar {
+void attn_group(const float* q, int g, const float* K, const float* V, int64_t n, int64_t d,
+                const uint8_t* vis, const float* sink, float scale, float* p, float* out);
+}
+namespace avx2 {  // shared by the AVX-512 set: decode attention is not where the time goes
+void attn_group(const float* q, int g, const float* K, const float* V, int64_t n, int64_t d,
+                const uint8_t* vis, const float* sink, float scale, float* p, float* out);
+}
 
 extern const KernelSet kScalarKernels;
 extern const KernelSet kAvx2Kernels;

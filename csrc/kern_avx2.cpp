@@ -385,7 +385,8 @@ void gemv_q8(int fmt, const uint8_t* w, int64_t rb, int64_t n, int64_t K, const 
 }
 }  // namespace avx2
 
-const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm, avx2::gemv_q8};
+const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm, avx2::gemv_q8,
+                                avx2::attn_group};
 
 }  // namespace hm
 #pragma GCC pop_options

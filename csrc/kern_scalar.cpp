@@ -125,6 +125,7 @@ void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64
 
 }  // namespace
 
-const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, pack_rows, gemm, gemv_q8};
+const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, pack_rows, gemm, gemv_q8,
+                                  scalar::attn_group};
 
 }  // namespace hm

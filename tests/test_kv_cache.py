@@ -58,6 +58,10 @@ def test_batched_sequences_equal_separate(tiny_llm):
     step = llm.model.forward([SeqChunk(ca, [7]), SeqChunk(cb, [9])])
     assert _close(step[0], llm.logits(a + [7])[-1]) < 1e-5
     assert _close(step[1], llm.logits(b + [9])[-1]) < 1e-5
+    # A decode step (one-call C attention) batched with a prefill chunk (torch attention).
+    mixed = llm.model.forward([SeqChunk(ca, [11]), SeqChunk(cb, [4, 5, 6])])
+    assert _close(mixed[0], llm.logits(a + [7, 11])[-1]) < 1e-5
+    assert _close(mixed[1], llm.logits(b + [9, 4, 5, 6])[-1]) < 1e-5
 
 
 def test_sliding_layers_memory_does_not_grow_with_context(tiny_llm):

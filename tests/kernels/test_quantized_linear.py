@@ -130,3 +130,35 @@ def test_linear_bad_input_is_named():
         K.linear_q8_0(torch.zeros(1, 32), np.zeros((4, 34), dtype=np.int8))
     with pytest.raises(ValueError, match="bias"):
         K.linear_q8_0(torch.zeros(1, 32), w, torch.zeros(5))
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("T", [1, 3, 20])  # GEMV, several tokens, tile + GEMM
+def test_linear_group_equals_separate_calls(isa, T, use_isa):
+    """q/k/v-style group: one call, outputs side by side, bit-identical to one call per matrix
+    (same kernel, same input preparation); row counts that do not fill a 24-row work unit."""
+    use_isa(isa)
+    rng = np.random.default_rng()
+    ws = [quantized(rng, n, 320, GGMLType.Q8_0) for n in (64, 16, 37)]
+    biases = [torch.from_numpy(rng.standard_normal(64, dtype=np.float32)), None,
+              torch.from_numpy(rng.standard_normal(37, dtype=np.float32))]
+    group = K.LinearGroup(ws, biases, GGMLType.Q8_0)
+    x = torch.from_numpy(rng.standard_normal((T, 320), dtype=np.float32))
+    y = group(x)
+    assert y.shape == (T, 117) and group.sizes == [64, 16, 37]
+    for part, w, b in zip(torch.split(y, group.sizes, dim=1), ws, biases):
+        assert torch.equal(part, K.linear_q8_0(x, w, b))
+        ref = x.double() @ dequant64(w, GGMLType.Q8_0).T + (0 if b is None else b.double())
+        assert rel_err(part, ref) < LINEAR_TOL
+
+
+def test_linear_group_bad_input_is_named():
+    rng = np.random.default_rng()
+    a, b = quantized(rng, 8, 320, GGMLType.Q8_0), quantized(rng, 8, 256, GGMLType.Q8_0)
+    with pytest.raises(ValueError, match="share the input size"):
+        K.LinearGroup([a, b], [None, None], GGMLType.Q8_0)
+    with pytest.raises(ValueError, match=r"biases\[0\] has shape"):
+        K.LinearGroup([a], [torch.zeros(7)], GGMLType.Q8_0)
+    group = K.LinearGroup([a], [None], GGMLType.Q8_0)
+    with pytest.raises(ValueError, match=r"x must be \[T, 320\]"):
+        group(torch.zeros(1, 256))

@@ -19,6 +19,7 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import logging
 import os
 from dataclasses import dataclass, field
@@ -299,6 +300,60 @@ def _linear(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None, t: GGMLTy
     return out
 
 
+class LinearGroup:
+    """Quantized matrices that read the same input (a layer's q, k, v), computed in one kernel
+    call: one input preparation, one pass of the pool. Weights and biases are checked once here,
+    their pointers kept, so a decode step pays one short call instead of one per matrix.
+
+    `group(x)` with x [T, K] float32 -> [T, sum N_i] float32, matrix i in columns
+    offsets[i]..offsets[i+1]-1 (split it with `torch.split(y, sizes, dim=1)`).
+    """
+
+    def __init__(self, weights: list[np.ndarray], biases: list[torch.Tensor | None], ggml_type: GGMLType):
+        if not 1 <= len(weights) <= 8 or len(biases) != len(weights):
+            raise ValueError(f"LinearGroup takes 1..8 weights with one bias entry each, got "
+                             f"{len(weights)} weights and {len(biases)} biases")
+        self.ggml_type = GGMLType(ggml_type)
+        shapes = [_weight_rows(w, f"weights[{i}]", self.ggml_type, None, None) for i, w in enumerate(weights)]
+        ks = {k for _, k, _ in shapes}
+        if len(ks) != 1:
+            raise ValueError(f"LinearGroup weights must share the input size, got {sorted(ks)}")
+        self.in_features = ks.pop()
+        self.sizes = [n for n, _, _ in shapes]
+        self.out_features = sum(self.sizes)
+        self._weights = weights  # keep the views (and their mmap) alive
+        self._biases = [None if b is None else _f32(b, f"biases[{i}]", (n,)) for i, (b, n) in
+                        enumerate(zip(biases, self.sizes))]
+        n = len(weights)
+        self._n = n
+        self._ws = (ctypes.c_void_p * n)(*[_addr(w) for w in weights])
+        self._Ns = (ctypes.c_int64 * n)(*self.sizes)
+        self._strides = (ctypes.c_int64 * n)(*[st for _, _, st in shapes])
+        self._bs = (ctypes.c_void_p * n)(*[None if b is None else b.data_ptr() for b in self._biases])
+        self._ldos = (ctypes.c_int64 * n)(*([self.out_features] * n))
+        self._outs = (ctypes.c_void_p * n)()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"x must be [T, {self.in_features}], got {tuple(x.shape)}")
+        x = _f32(x, "x", tuple(x.shape))
+        if _lib_handle is None:
+            _warn_fallback()
+            return torch.cat([reference.linear(x, w, self.ggml_type, b) for w, b in
+                              zip(self._weights, self._biases)], dim=1)
+        out = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)
+        base, col = out.data_ptr(), 0
+        for i, n in enumerate(self.sizes):
+            self._outs[i] = base + 4 * col
+            col += n
+        rc = _lib_handle.hm_linear_multi(int(self.ggml_type), x.data_ptr(), x.shape[0], self.in_features,
+                                         self._n, self._ws, self._Ns, self._strides, self._bs, self._outs,
+                                         self._ldos)
+        if rc:
+            raise RuntimeError(f"hm_linear_multi failed with code {rc}")
+        return out
+
+
 def linear_q8_0(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, K] f32 @ W^T (+ bias [N]) -> [T, N] f32; W uint8 [N, K/32*34] Q8_0 (e.g. mmap view)."""
     return _linear(x, w, bias, GGMLType.Q8_0)
@@ -307,6 +362,62 @@ def linear_q8_0(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None
 def linear_mxfp4(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, K] f32 @ W^T (+ bias [N]) -> [T, N] f32; W uint8 [N, K/32*17] MXFP4."""
     return _linear(x, w, bias, GGMLType.MXFP4)
+
+
+# ----------------------------------------------------------------------------- attention
+def _cpu_f32(t: torch.Tensor, name: str, numel: int | None = None) -> int:
+    """Pointer of a contiguous float32 CPU tensor (attribute checks only: this is the decode hot path)."""
+    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous float32 CPU tensor, got {t.dtype} on {t.device}")
+    if numel is not None and t.numel() != numel:
+        raise ValueError(f"{name} has {t.numel()} elements, expected {numel}")
+    return t.data_ptr()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., n] float32 CPU -> x / sqrt(mean(x^2) + eps) * weight [n] (sum of squares in double)."""
+    n = weight.numel()
+    if x.shape[-1] != n:
+        raise ValueError(f"rms_norm: x has {x.shape[-1]} features, weight {n}")
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    rc = _lib_handle.hm_rms_norm(_cpu_f32(x, "x"), x.numel() // n, n, _cpu_f32(weight, "weight", n), eps,
+                                 out.data_ptr())
+    if rc:
+        raise ValueError(f"rms_norm: bad arguments (shape {tuple(x.shape)})")
+    return out
+
+
+def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None,
+                sin: torch.Tensor | None, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int,
+                kpos: torch.Tensor | None, pos: int, n_keys: int, window: int, sinks: torch.Tensor,
+                scale: float) -> torch.Tensor:
+    """Attention step of one new token of one sequence, in place on its float32 KV cache.
+
+    q [Hq, d], k/v [Hkv, d] (float32, contiguous; q and k are roped in place with cos/sin [d] as
+    `RopeTable.cos_sin` gives, or not at all when None). k, v go to `slot` of k_cache/v_cache
+    [Hkv, slots, d]; a ring layer passes kpos [slots] int64 (absolute position per slot, -1
+    empty), which gets kpos[slot] = pos. Returns [Hq, d]: softmax attention over slots
+    0..n_keys-1 (full layer: all visible; ring: 0 <= kpos <= pos, kpos > pos - window when
+    window > 0) with one sink logit per query head (sinks [Hq]).
+    """
+    Hkv, slots, d = k_cache.shape
+    Hq = q.numel() // d
+    out = torch.empty((Hq, d), dtype=torch.float32)
+    if kpos is not None and (kpos.dtype != torch.int64 or not kpos.is_contiguous() or kpos.numel() != slots):
+        raise ValueError(f"kpos must be a contiguous int64 tensor of {slots} slots")
+    if tuple(v_cache.shape) != (Hkv, slots, d):
+        raise ValueError(f"v_cache has shape {tuple(v_cache.shape)}, expected {(Hkv, slots, d)}")
+    rc = _lib_handle.hm_attn_decode(
+        _cpu_f32(q, "q", Hq * d), _cpu_f32(k, "k", Hkv * d), _cpu_f32(v, "v", Hkv * d), Hq, Hkv, d,
+        None if cos is None else _cpu_f32(cos, "cos", d), None if sin is None else _cpu_f32(sin, "sin", d),
+        _cpu_f32(k_cache, "k_cache"), _cpu_f32(v_cache, "v_cache"), slots, slot,
+        None if kpos is None else kpos.data_ptr(), pos, n_keys, window, _cpu_f32(sinks, "sinks", Hq),
+        scale, out.data_ptr())
+    if rc:
+        raise ValueError(f"attn_decode: bad arguments (Hq={Hq}, Hkv={Hkv}, d={d}, slots={slots}, "
+                         f"slot={slot}, n_keys={n_keys}, pos={pos}, window={window})")
+    return out
 
 
 def dequantize(raw: np.ndarray, ggml_type: GGMLType | int) -> np.ndarray:

@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from hybridmoe import kernels
 from hybridmoe.gguf.reader import ModelFile
 from hybridmoe.models.gpt_oss_config import ARCH, SWIGLU_ALPHA, SWIGLU_LIMIT, GptOssConfig
 from hybridmoe.models.kv_cache import CacheLayout, SequenceKVCache
@@ -108,6 +109,12 @@ class _Layer:
         self.k = DenseLinear(mf, names["k"], names["k_bias"], dev, off.dense_dtype(dev))
         self.v = DenseLinear(mf, names["v"], names["v_bias"], dev, off.dense_dtype(dev))
         self.o = DenseLinear(mf, names["o"], names["o_bias"], dev, off.dense_dtype(dev))
+        # q, k, v read by the C kernel from the mmap: one call for the three (decode steps are
+        # short enough that a call's fixed cost shows).
+        parts = (self.q, self.k, self.v)
+        self.qkv = None
+        if all(p.raw is not None and p.ggml_type == self.q.ggml_type for p in parts):
+            self.qkv = kernels.LinearGroup([p.raw for p in parts], [p.bias for p in parts], self.q.ggml_type)
         self.sinks = load_f32(mf, names["sinks"], dev)
         mlp_dev = torch.device(placement.device_of(names["router"]))
         self.mlp_device = mlp_dev
@@ -232,17 +239,31 @@ class GptOss:
                 qpos_cache[dev] = list(torch.split(pdev, lens))
             cos, sin = rope_cache[dev]
             h = rms_norm(x, layer.attn_norm, cfg.rms_eps)
-            q = apply_rope_neox(layer.q(h).view(N, Hq, D), cos, sin)
-            k = apply_rope_neox(layer.k(h).view(N, Hkv, D), cos, sin)
-            v = layer.v(h).view(N, Hkv, D)
+            if layer.qkv is not None:
+                q, k, v = torch.split(layer.qkv(h), layer.qkv.sizes, dim=1)
+            else:
+                q, k, v = layer.q(h), layer.k(h), layer.v(h)
+            q, k, v = q.view(N, Hq, D), k.view(N, Hkv, D), v.view(N, Hkv, D)
             window = cfg.sliding_window if layer.sliding else None
+            one_call = dev.type == "cpu" and kernels.available()
             outs = []
             off = 0
             for c, n, pos0, q_pos in zip(chunks, lens, pos0s, qpos_cache[dev]):
-                k_all, v_all, k_pos = c.cache.update(li, k[off : off + n], v[off : off + n], pos0)
+                if n == 1 and one_call and c.cache.layout.dtype == torch.float32:
+                    # Decode: rope, cache write and attention in one C call (see attn_decode).
+                    kc, vc, kpos, slot, n_keys = c.cache.decode_slot(li, pos0)
+                    outs.append(kernels.attn_decode(
+                        q[off], k[off], v[off], cos[off, 0], sin[off, 0], kc, vc, slot, kpos, pos0,
+                        n_keys, window or 0, layer.sinks, self.scale,
+                    )[None])
+                    off += n
+                    continue
+                qc = apply_rope_neox(q[off : off + n], cos[off : off + n], sin[off : off + n])
+                kr = apply_rope_neox(k[off : off + n], cos[off : off + n], sin[off : off + n])
+                k_all, v_all, k_pos = c.cache.update(li, kr, v[off : off + n], pos0)
                 outs.append(
                     attention_with_sinks(
-                        q[off : off + n], k_all, v_all, layer.sinks,
+                        qc, k_all, v_all, layer.sinks,
                         q_pos, k_pos, self.scale, window, keys_in_order=not layer.sliding,
                     )
                 )

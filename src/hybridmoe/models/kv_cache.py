@@ -94,6 +94,21 @@ class SequenceKVCache:
         P[idx] = new_pos[T - keep :]
         return k_all, v_all, pos_all
 
+    def decode_slot(self, layer: int, pos: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int, int]:
+        """Where one new token at `pos` goes, for the in-place decode kernel (kernels.attn_decode).
+
+        Returns (K, V, P, slot, n_keys): the layer's storage, its ring positions (None for a full
+        layer), the slot to write, and how many leading slots the token attends over. A ring
+        slot only ever holds a position at least `slots >= window` older, out of the window.
+        """
+        if pos + 1 > self.max_ctx:
+            raise ValueError(f"context overflow: {pos + 1} tokens > context size {self.max_ctx}")
+        K, V, P = self._k[layer], self._v[layer], self._pos[layer]
+        if P is None:
+            return K, V, None, pos, pos + 1
+        slots = P.shape[0]
+        return K, V, P, pos % slots, slots
+
     def advance(self, n: int) -> None:
         self.length += n
 

@@ -6,10 +6,20 @@ import math
 
 import torch
 
+from hybridmoe import kernels
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """y = x / sqrt(mean(x^2) + eps) * g, in float32 (the gain is a plain multiply)."""
+    """y = x / sqrt(mean(x^2) + eps) * g, in float32 (the gain is a plain multiply).
+
+    Small float32 CPU inputs (decode steps) go through the C kernel: torch's CPU RMSNorm is a
+    handful of ops, each slow right after a weight stream has flushed the caches."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.numel() <= _C_NORM_MAX and kernels.available():
+        return kernels.rms_norm(x, weight, eps)
     return torch.nn.functional.rms_norm(x.float(), weight.shape, weight, eps)
+
+
+_C_NORM_MAX = 64 * 8192  # elements; above this torch's vectorised, threaded op is the better choice
 
 
 def yarn_inv_freq(
