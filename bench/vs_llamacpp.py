@@ -78,8 +78,10 @@ def _time_kernels() -> list[float]:
     from hybridmoe import kernels
 
     total = [0.0]
-    for name in ("moe_forward", "linear_q8_0", "linear_mxfp4"):
-        fn = getattr(kernels, name)
+    targets = [(kernels, n) for n in ("moe_forward", "linear_q8_0", "linear_mxfp4", "attn_decode", "rms_norm")]
+    targets.append((kernels.LinearGroup, "__call__"))  # the fused q/k/v call
+    for owner, name in targets:
+        fn = getattr(owner, name)
 
         def timed(*a, _fn=fn, **kw):
             t0 = time.perf_counter()
@@ -88,7 +90,7 @@ def _time_kernels() -> list[float]:
             finally:
                 total[0] += time.perf_counter() - t0
 
-        setattr(kernels, name, timed)
+        setattr(owner, name, timed)
     return total
 
 
