@@ -102,6 +102,10 @@ void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, 
         }
         return;
     }
+    if (tile_path && M <= kQgemmMaxTokens) {
+        ks->qgemm(fmt, w, row_bytes, n_rows, K, A, M, out, n_rows);
+        return;
+    }
     if (tile_path) {
         float* tile = grow(t_tile, size_t(n_rows * K));
         ks->decode(fmt, w, row_bytes, n_rows, K, tile);

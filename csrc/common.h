@@ -76,7 +76,13 @@ struct KernelSet {
     // sink (which takes mass, adds no value). p: scratch of g * n floats.
     void (*attn_group)(const float* q, int g, const float* K, const float* V, int64_t n, int64_t d,
                        const uint8_t* vis, const float* sink, float scale, float* p, float* out);
+    // C[m*ldc + r] = dot(W[r], A[m]) for r < N, m < M, straight from the quantized rows (no tile;
+    // for few tokens, M <= kQgemmMaxTokens), A packed by this ISA's pack_a.
+    void (*qgemm)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap,
+                  int64_t M, float* C, int64_t ldc);
 };
+
+constexpr int kQgemmMaxTokens = 16;  // qgemm's token groups are decoded once per pair of 8
 
 constexpr int kMaxAttnGroup = 64;  // query heads per KV head the attention kernels accept
 
@@ -144,6 +150,8 @@ void pack_a(const float* const* rows, int64_t M, int64_t K, float* Ap);
 void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc);
 void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
              const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
+void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap, int64_t M,
+           float* C, int64_t ldc);
 }  // namespace avx2
 
 namespace scalar {

@@ -133,33 +133,43 @@ void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, cons
 
 #include "gemv_dispatch.inc"
 
+struct DecodeConsts {
+    __m256i m0f, lut;
+    DecodeConsts() {
+        m0f = _mm256_set1_epi8(0x0f);
+        lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kMxfp4Lut2));
+    }
+};
+
+// One block's 32 weights as float32 in natural order (bit-exact).
+template <int FMT>
+inline void decode_block(const uint8_t* blk, const DecodeConsts& c, float* o) {
+    __m256 f[4], d;
+    if (FMT == kMXFP4) {
+        __m128i q = _mm_loadu_si128((const __m128i*)(blk + 1));
+        __m256i v = _mm256_shuffle_epi8(c.lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), c.m0f));
+        __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+        f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+        f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+        f[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+        f[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+        d = _mm256_broadcast_ss(&g_e8m0_table[blk[0]]);
+    } else {
+        q8_decode(blk, f);
+        d = q8_scale(blk);
+    }
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(f[i], d));
+}
+
 void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* tile) {
     const int64_t nb = K / kBlockElems;
-    const __m256i m0f = _mm256_set1_epi8(0x0f);
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kMxfp4Lut2));
-    for (int64_t r = 0; r < n_rows; ++r) {
+    const DecodeConsts c;
+    for (int64_t r = 0; r < n_rows; ++r)
         for (int64_t b = 0; b < nb; ++b) {
             float* o = tile + r * K + b * kBlockElems;
-            __m256 f[4], d;
-            if (fmt == kMXFP4) {
-                const uint8_t* blk = w + r * row_bytes + b * kMxfp4Bytes;
-                __m128i q = _mm_loadu_si128((const __m128i*)(blk + 1));
-                __m256i v = _mm256_shuffle_epi8(
-                    lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m0f));
-                __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
-                f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-                f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-                f[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-                f[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-                d = _mm256_broadcast_ss(&g_e8m0_table[blk[0]]);
-            } else {
-                const uint8_t* blk = w + r * row_bytes + b * kQ8_0Bytes;
-                q8_decode(blk, f);
-                d = q8_scale(blk);
-            }
-            for (int i = 0; i < 4; ++i) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(f[i], d));
+            if (fmt == kMXFP4) decode_block<kMXFP4>(w + r * row_bytes + b * kMxfp4Bytes, c, o);
+            else decode_block<kQ8_0>(w + r * row_bytes + b * kQ8_0Bytes, c, o);
         }
-    }
 }
 
 // Activations packed in groups of 8 rows, k-major: Ap[(g*K + k)*8 + j] = A[g*8 + j][k] (zero pad).
@@ -275,6 +285,90 @@ void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, floa
     }
 }
 
+// Few tokens (<= 16) straight from the quantized rows, no tile: per block the RB rows' 32
+// weights are decoded into an L1 buffer and multiplied by the packed tokens (8 per vector), the
+// accumulators staying in registers for the whole K. A tile would be decoded to L2 and read back
+// for only a handful of tokens; here the decode is the only extra work over the FMAs.
+template <int FMT, int RB, int TB>
+void qmicro(const uint8_t* w, int64_t row_bytes, int64_t K, const float* Ap, float* tmp) {
+    constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
+    const int64_t nb = K / kBlockElems;
+    const DecodeConsts c;
+    alignas(32) float buf[RB][kBlockElems];
+    __m256 acc[RB][TB], odd[RB];
+    for (int r = 0; r < RB; ++r) {
+        odd[r] = _mm256_setzero_ps();
+        for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int r = 0; r < RB; ++r) {
+            const uint8_t* blk = w + r * row_bytes + b * bb;
+            _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
+            decode_block<FMT>(blk, c, buf[r]);
+        }
+        const float* A = Ap + b * kBlockElems * 8;
+        if constexpr (TB == 1) {  // even/odd k into separate chains (FMA latency, as in micro)
+            for (int j = 0; j < kBlockElems; j += 2) {
+                const __m256 a0 = _mm256_loadu_ps(A + j * 8), a1 = _mm256_loadu_ps(A + (j + 1) * 8);
+                for (int r = 0; r < RB; ++r) {
+                    acc[r][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(&buf[r][j]), a0, acc[r][0]);
+                    odd[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&buf[r][j + 1]), a1, odd[r]);
+                }
+            }
+        } else {
+            for (int j = 0; j < kBlockElems; ++j) {
+                __m256 a[TB];
+                for (int t = 0; t < TB; ++t) a[t] = _mm256_loadu_ps(A + (t * K + j) * 8);
+                for (int r = 0; r < RB; ++r) {
+                    const __m256 wv = _mm256_broadcast_ss(&buf[r][j]);
+                    for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_fmadd_ps(wv, a[t], acc[r][t]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < RB; ++r) {
+        if (TB == 1) acc[r][0] = _mm256_add_ps(acc[r][0], odd[r]);
+        for (int t = 0; t < TB; ++t) _mm256_store_ps(tmp + (r * 2 + t) * 8, acc[r][t]);
+    }
+}
+
+template <int FMT, int TB>
+void qmicro_rb(int rb, const uint8_t* w, int64_t row_bytes, int64_t K, const float* Ap, float* tmp) {
+    switch (rb) {
+        case 6: return qmicro<FMT, 6, TB>(w, row_bytes, K, Ap, tmp);
+        case 5: return qmicro<FMT, 5, TB>(w, row_bytes, K, Ap, tmp);
+        case 4: return qmicro<FMT, 4, TB>(w, row_bytes, K, Ap, tmp);
+        case 3: return qmicro<FMT, 3, TB>(w, row_bytes, K, Ap, tmp);
+        case 2: return qmicro<FMT, 2, TB>(w, row_bytes, K, Ap, tmp);
+        default: return qmicro<FMT, 1, TB>(w, row_bytes, K, Ap, tmp);
+    }
+}
+
+template <int FMT>
+void qgemm_fmt(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap, int64_t M, float* C,
+               int64_t ldc) {
+    const int64_t groups = (M + 7) / 8;
+    alignas(32) float tmp[6 * 2 * 8];
+    for (int64_t n0 = 0; n0 < N; n0 += 6) {
+        const int rb = int(N - n0 < 6 ? N - n0 : 6);
+        for (int64_t g = 0; g < groups; g += 2) {
+            const int tb = int(groups - g < 2 ? groups - g : 2);
+            const uint8_t* wr = w + n0 * row_bytes;
+            if (tb == 2) qmicro_rb<FMT, 2>(rb, wr, row_bytes, K, Ap + g * K * 8, tmp);
+            else qmicro_rb<FMT, 1>(rb, wr, row_bytes, K, Ap + g * K * 8, tmp);
+            for (int t = 0; t < tb; ++t)
+                for (int j = 0; j < 8 && (g + t) * 8 + j < M; ++j)
+                    for (int r = 0; r < rb; ++r) C[((g + t) * 8 + j) * ldc + n0 + r] = tmp[(r * 2 + t) * 8 + j];
+        }
+    }
+}
+
+void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap, int64_t M,
+           float* C, int64_t ldc) {
+    if (fmt == kMXFP4) qgemm_fmt<kMXFP4>(w, row_bytes, N, K, Ap, M, C, ldc);
+    else qgemm_fmt<kQ8_0>(w, row_bytes, N, K, Ap, M, C, ldc);
+}
+
 // ---- fast mode: int8 activations, two blocks per step (x in quantize_x_q8's pair layout).
 // Weights: wa = elements 0..15 of both blocks, wb = elements 16..31. MXFP4: one pshufb each of
 // LUT2 + 12 (unsigned 0..24) straight into maddubs with x, madd to 8 int32 lanes (lanes 0..3:
@@ -383,10 +477,14 @@ void gemv_q8(int fmt, const uint8_t* w, int64_t rb, int64_t n, int64_t K, const 
              const float* const* xd, int nt, float* out, int64_t ldo) {
     hm::gemv_q8(fmt, w, rb, n, K, xq, xd, nt, out, ldo);
 }
+void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap, int64_t M,
+           float* C, int64_t ldc) {
+    hm::qgemm(fmt, w, row_bytes, N, K, Ap, M, C, ldc);
+}
 }  // namespace avx2
 
 const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm, avx2::gemv_q8,
-                                avx2::attn_group};
+                                avx2::attn_group, avx2::qgemm};
 
 }  // namespace hm
 #pragma GCC pop_options

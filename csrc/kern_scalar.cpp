@@ -123,9 +123,24 @@ void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64
     }
 }
 
+void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap, int64_t M,
+           float* C, int64_t ldc) {
+    const int64_t nb = K / kBlockElems, bb = block_bytes(fmt);
+    float wf[kBlockElems];
+    for (int64_t r = 0; r < N; ++r)
+        for (int64_t m = 0; m < M; ++m) {
+            float s = 0.f;
+            for (int64_t b = 0; b < nb; ++b) {
+                decode_block(fmt, w + r * row_bytes + b * bb, wf);
+                for (int j = 0; j < kBlockElems; ++j) s += wf[j] * Ap[m * K + b * kBlockElems + j];
+            }
+            C[m * ldc + r] = s;
+        }
+}
+
 }  // namespace
 
 const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, pack_rows, gemm, gemv_q8,
-                                  scalar::attn_group};
+                                  scalar::attn_group, qgemm};
 
 }  // namespace hm
