@@ -69,8 +69,36 @@ def child_hybridmoe(model: str, threads: int, ctx: int, fast_math: bool = False)
     tg_s = time.perf_counter() - t
     res[f"tg{TG_TOKENS}"] = TG_TOKENS / tg_s
     res["tg_kernel_frac"] = kernel_s[0] / tg_s  # share of decode time inside the C kernels' calls
-    res["peak_rss_gib"] = _peak_rss_gib()
+    res["peak_rss_gib"] = _peak_rss_gib()  # before the bandwidth probe's buffer
+    res["tg_weight_gbs"] = _decode_bytes_per_token(llm) * TG_TOKENS / tg_s / 1e9
+    res["read_bw_gbs"] = _read_bandwidth()
     return res
+
+
+def _decode_bytes_per_token(llm) -> float:
+    """Weight bytes one decode token reads: every tensor but the embedding (one row), and the
+    routed experts' share k/E of each expert tensor."""
+    cfg = llm.config
+    total = 0.0
+    for name, info in llm.file.tensors.items():
+        if not name.startswith("token_embd"):
+            total += info.nbytes * (cfg.n_experts_used / cfg.n_experts if "_exps" in name else 1)
+    return total
+
+
+def _read_bandwidth(gib: float = 2.0, repeats: int = 3) -> float:
+    """GB/s of the kernel pool summing a touched buffer: the machine's read bandwidth right now."""
+    import numpy as np
+
+    from hybridmoe import kernels
+
+    buf = np.ones(int(gib * 2**30) // 8, dtype=np.float64)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        kernels._lib_handle.hm_read_probe(buf.ctypes.data, buf.nbytes)
+        times.append(time.perf_counter() - t)
+    return buf.nbytes / statistics.median(times) / 1e9
 
 
 def _time_kernels() -> list[float]:
@@ -176,11 +204,16 @@ def main() -> None:
             results[engine].append(r)
             print(f"run {run} {engine}: " + ", ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
 
-    keys = ["load_s", "first_prefill_s", "pp128", "pp512", f"tg{TG_TOKENS}", "peak_rss_gib"]
-    if "hybridmoe" in results:
-        frac = statistics.median(r["tg_kernel_frac"] for r in results["hybridmoe"])
-        print(f"hybridmoe decode: {frac:.0%} of step time inside kernel calls, {1 - frac:.0%} elsewhere "
-              "(Python, torch attention/norms)")
+    for rs in results.values():
+        for r in rs:
+            r["load_to_first_s"] = r["load_s"] + r["first_prefill_s"]
+    keys = ["load_s", "first_prefill_s", "load_to_first_s", "pp128", "pp512", f"tg{TG_TOKENS}", "peak_rss_gib"]
+    for e in [e for e in results if e.startswith("hybridmoe")]:
+        frac = statistics.median(r["tg_kernel_frac"] for r in results[e])
+        share = statistics.median(r["tg_weight_gbs"] / r["read_bw_gbs"] for r in results[e])
+        gbs = statistics.median(r["tg_weight_gbs"] for r in results[e])
+        print(f"{e} decode: {frac:.0%} of step time inside kernel calls; weights streamed at {gbs:.1f} GB/s "
+              f"= {share:.0%} of the read bandwidth measured in the same child (median of per-run ratios)")
     med = {e: {k: statistics.median(r[k] for r in rs) for k in keys} for e, rs in results.items()}
     ours = [e for e in args.engines if e.startswith("hybridmoe")]
     ratio_cols = [e for e in ours if "llama.cpp" in med]
