@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from hybridmoe.gguf import residency
 from hybridmoe.gguf.reader import open_model
@@ -23,10 +24,11 @@ def _resident_fraction(mm: np.ndarray) -> float:
     return sum(b & 1 for b in vec) / n
 
 
-def test_prefault_maps_the_file_and_leaves_data_intact(tiny_gguf):
+@pytest.mark.parametrize("populate", [False, True])
+def test_prefault_maps_the_file_and_leaves_data_intact(tiny_gguf, populate):
     mf = open_model(tiny_gguf)
     before = {name: np.array(mf.raw(name)) for name in list(mf.tensors)[:5]}
-    t = residency.prefault(mf, background=True)
+    t = residency.prefault(mf, background=True, populate=populate)
     assert t is not None
     t.join(timeout=60)
     assert not t.is_alive()
