@@ -103,9 +103,16 @@ def test_full_queue_answers_503_then_recovers(make_serving):
         assert srv.request("GET", "/slots?fail_on_no_slot=1")[0] == 200
 
 
-def test_non_stream_disconnect_frees_slot(make_serving):
+def test_non_stream_disconnect_frees_slot(make_serving, monkeypatch):
     state = ServerState(serving=make_serving(n_parallel=1, max_queue=4))
     engine = state.serving.engine
+    real_forward = engine.model.forward
+
+    def paced(chunks, all_logits=False):  # 5 ms a step: the token count measures detection latency
+        time.sleep(0.005)                  # the same way however fast the tiny model runs here
+        return real_forward(chunks, all_logits)
+
+    monkeypatch.setattr(engine.model, "forward", paced)
     with InProcess(state) as srv:
         body = json.dumps({"messages": MSGS, "max_tokens": 230, "ignore_eos": True}).encode()
         s = socket.create_connection(("127.0.0.1", srv.port))
