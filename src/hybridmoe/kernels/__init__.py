@@ -379,6 +379,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     n = weight.numel()
     if x.shape[-1] != n:
         raise ValueError(f"rms_norm: x has {x.shape[-1]} features, weight {n}")
+    if _lib_handle is None:
+        _warn_fallback()
+        return torch.nn.functional.rms_norm(x.float(), (n,), weight.float(), eps)
     x = x.contiguous()
     out = torch.empty_like(x)
     rc = _lib_handle.hm_rms_norm(_cpu_f32(x, "x"), x.numel() // n, n, _cpu_f32(weight, "weight", n), eps,
@@ -401,6 +404,9 @@ def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Te
     0..n_keys-1 (full layer: all visible; ring: 0 <= kpos <= pos, kpos > pos - window when
     window > 0) with one sink logit per query head (sinks [Hq]).
     """
+    if _lib_handle is None:
+        raise RuntimeError("attn_decode needs the compiled kernels (kernels.available() is False); "
+                           "use layers.attention_with_sinks")
     Hkv, slots, d = k_cache.shape
     Hq = q.numel() // d
     out = torch.empty((Hq, d), dtype=torch.float32)

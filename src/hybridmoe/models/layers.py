@@ -14,7 +14,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     Small float32 CPU inputs (decode steps) go through the C kernel: torch's CPU RMSNorm is a
     handful of ops, each slow right after a weight stream has flushed the caches."""
-    if x.device.type == "cpu" and x.dtype == torch.float32 and x.numel() <= _C_NORM_MAX and kernels.available():
+    if (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and x.numel() <= _C_NORM_MAX
+            and kernels.available()):
         return kernels.rms_norm(x, weight, eps)
     return torch.nn.functional.rms_norm(x.float(), weight.shape, weight, eps)
 
