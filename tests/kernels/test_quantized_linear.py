@@ -162,3 +162,20 @@ def test_linear_group_bad_input_is_named():
     group = K.LinearGroup([a], [None], GGMLType.Q8_0)
     with pytest.raises(ValueError, match=r"x must be \[T, 320\]"):
         group(torch.zeros(1, 256))
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("t", TYPES)
+@pytest.mark.parametrize("T", [2, 3, 6, 8, 11, 16])
+def test_gemv_k_chunks_row_groups_and_even_passes(isa, t, T, use_isa):
+    """K = 2880 and 53 rows through the streaming GEMV: the AVX2 variant walks K in chunks (32 to 8
+    blocks per chunk, with a partial last one) over groups of 24 rows (two full and a tail), and
+    11 or 16 tokens run as two even passes; against float64 on the dequantized weights."""
+    use_isa(isa)
+    rng = np.random.default_rng()
+    w = quantized(rng, 53, 2880, t)
+    x = torch.from_numpy(rng.standard_normal((T, 2880), dtype=np.float32))
+    K.set_gemv_max_tokens(16)
+    y = K._linear(x, w, None, t)
+    ref = x.double() @ dequant64(w, t).T
+    assert torch.isfinite(y).all() and rel_err(y, ref) < LINEAR_TOL

@@ -8,7 +8,7 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
     set_isa(name)                  force a variant ("auto" = best supported); env HYBRIDMOE_ISA
     set_num_threads(n)             size of the persistent worker pool (default: physical cores,
                                    or env HYBRIDMOE_THREADS); num_threads() reads it
-    set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used (8)
+    set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used (16)
     set_fast_math(on)              opt-in: the GEMV path on int8 activations (fast_math() reads it)
     ExpertTensors                  one layer's routed experts (mmap views)
     moe_forward(...)               fused gpt-oss MoE layer; moe_forward_submit(...) -> Future
