@@ -119,9 +119,11 @@ void quantize_rows(const float* const* x, int64_t M, int64_t K, int8_t* q, float
 void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
                 int64_t n_rows, int64_t K, const float* A, int64_t M, float* out,
                 const int8_t* const* xq = nullptr, const float* const* xd = nullptr) {
+    // Even passes (12 tokens: 6 + 6, not 8 + 4): a 1..3-token pass runs at half the FLOP rate.
+    const int64_t passes = (M + kMaxGemvTokens - 1) / kMaxGemvTokens, per_pass = (M + passes - 1) / passes;
     if (xq && !tile_path) {
-        for (int64_t a0 = 0; a0 < M; a0 += kMaxGemvTokens) {
-            const int nt = int(std::min<int64_t>(kMaxGemvTokens, M - a0));
+        for (int64_t a0 = 0; a0 < M; a0 += per_pass) {
+            const int nt = int(std::min<int64_t>(per_pass, M - a0));
             ks->gemv_q8(fmt, w, row_bytes, n_rows, K, xq + a0, xd + a0, nt, out + a0 * n_rows, n_rows);
         }
         return;
@@ -136,8 +138,6 @@ void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, 
         ks->gemm(A, M, tile, n_rows, K, out, n_rows);
         return;
     }
-    // Even passes (12 tokens: 6 + 6, not 8 + 4): a 1..3-token pass runs at half the FLOP rate.
-    const int64_t passes = (M + kMaxGemvTokens - 1) / kMaxGemvTokens, per_pass = (M + passes - 1) / passes;
     for (int64_t a0 = 0; a0 < M; a0 += per_pass) {
         const int nt = int(std::min<int64_t>(per_pass, M - a0));
         const float* xs[kMaxGemvTokens];

@@ -123,6 +123,7 @@ inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, co
 // are prefetched into L2 during the first chunk.
 constexpr int64_t kGemvChunkFloats = 2048;  // NT * kc
 constexpr int64_t kGemvGroupRows = 24;
+constexpr int64_t kGemvWholeBytes = 24 << 10;  // activations this small stay in L1 unchunked (1-2 tokens)
 
 template <int FMT, int NT>
 void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs,
@@ -131,7 +132,7 @@ void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, cons
     const MxConsts c;
     constexpr int n_acc = NT <= 4 ? 2 * NT : NT;
     constexpr int64_t kcb = kGemvChunkFloats / (NT * kBlockElems);  // blocks per K chunk
-    if (NT == 1 || nb <= kcb) {
+    if (NT * K * 4 <= kGemvWholeBytes || nb <= kcb) {
         for (int64_t r = 0; r < n_rows; ++r) {
             const uint8_t* row = w + r * row_bytes;
             __m256 acc[n_acc];
@@ -459,25 +460,42 @@ void gemv_q8_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, c
     const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kMxfp4Lut2)),
                                         _mm256_set1_epi8(12));
-    for (int64_t r = 0; r < n_rows; ++r) {
-        const uint8_t* row = w + r * row_bytes;
-        __m256 acc[NT];
-        for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-        for (int64_t p = 0; p < np; ++p) {
-            const uint8_t* blk = row + 2 * p * bb;
-            _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
-            __m256i wa, wb;
-            __m256 dw;
-            if (2 * p + 1 < nb) load_pair<FMT>(blk, true, lut, m0f, wa, wb, dw);
-            else load_pair<FMT>(blk, false, lut, m0f, wa, wb, dw);
-            __m256i aa = wa, ab = wb;
-            if (FMT != kMXFP4) aa = _mm256_abs_epi8(wa), ab = _mm256_abs_epi8(wb);
-            for (int t = 0; t < NT; ++t) {
-                const __m256 c = pair_dot<FMT>(aa, wa, ab, wb, xq[t] + p * kQ8xPairBytes, ones);
-                acc[t] = _mm256_fmadd_ps(c, _mm256_mul_ps(dw, _mm256_loadu_ps(xd[t] + p * 8)), acc[t]);
+    // As the fp32 GEMV: with several tokens, K chunks (8 KB of int8 rows and scales) over row groups.
+    const int64_t kcp = NT * np * (kQ8xPairBytes + 32) <= kGemvWholeBytes ? np
+                        : kGemvChunkFloats * 4 / (NT * (kQ8xPairBytes + 32));
+    alignas(32) float keep[kGemvGroupRows][NT][8];
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kGemvGroupRows) {
+        const int64_t nr = n_rows - r0 < kGemvGroupRows ? n_rows - r0 : kGemvGroupRows;
+        for (int64_t p0 = 0; p0 < np; p0 += kcp) {
+            const int64_t p1 = np - p0 < kcp ? np : p0 + kcp;
+            for (int64_t r = 0; r < nr; ++r) {
+                const uint8_t* row = w + (r0 + r) * row_bytes;
+                if (kcp < np && p0 == 0)  // pull row r + 2 into L2 while this chunk is computed
+                    for (int64_t o = 0; r + 2 < nr && o < row_bytes; o += 64)
+                        _mm_prefetch((const char*)row + 2 * row_bytes + o, _MM_HINT_T1);
+                __m256 acc[NT];
+                for (int t = 0; t < NT; ++t) acc[t] = p0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(keep[r][t]);
+                for (int64_t p = p0; p < p1; ++p) {
+                    const uint8_t* blk = row + 2 * p * bb;
+                    if (kcp == np) _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
+                    __m256i wa, wb;
+                    __m256 dw;
+                    if (2 * p + 1 < nb) load_pair<FMT>(blk, true, lut, m0f, wa, wb, dw);
+                    else load_pair<FMT>(blk, false, lut, m0f, wa, wb, dw);
+                    __m256i aa = wa, ab = wb;
+                    if (FMT != kMXFP4) aa = _mm256_abs_epi8(wa), ab = _mm256_abs_epi8(wb);
+                    for (int t = 0; t < NT; ++t) {
+                        const __m256 c = pair_dot<FMT>(aa, wa, ab, wb, xq[t] + p * kQ8xPairBytes, ones);
+                        acc[t] = _mm256_fmadd_ps(c, _mm256_mul_ps(dw, _mm256_loadu_ps(xd[t] + p * 8)), acc[t]);
+                    }
+                }
+                if (p1 < np) {
+                    for (int t = 0; t < NT; ++t) _mm256_store_ps(keep[r][t], acc[t]);
+                } else {
+                    for (int t = 0; t < NT; ++t) out[t * ldo + r0 + r] = hsum(acc[t]);
+                }
             }
         }
-        for (int t = 0; t < NT; ++t) out[t * ldo + r] = hsum(acc[t]);
     }
 }
 

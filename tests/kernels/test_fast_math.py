@@ -106,6 +106,28 @@ def test_fast_scalar_and_simd_agree_exactly(t, use_isa, fast):
         assert torch.equal(out["scalar"][1], out[isa][1]), isa
 
 
+@pytest.mark.parametrize("t", [GGMLType.MXFP4, GGMLType.Q8_0], ids=["mxfp4", "q8_0"])
+@needs_lib
+def test_fast_k_chunked_gemv_agrees_exactly_and_with_float64(t, use_isa, fast):
+    """K = 2880, 53 rows, 5..16 tokens: the AVX2 int8 GEMV walks K in chunks over 24-row groups
+    (accumulators carried across chunks in the same order, so still bit-identical to scalar)."""
+    rng = np.random.default_rng()
+    simd = [p.values[0] for p in isa_params() if not p.marks and p.values[0] != "scalar"]
+    if not simd:
+        pytest.skip("no SIMD variant on this CPU")
+    w = quantized(rng, 53, 2880, t)
+    x = torch.from_numpy(rng.standard_normal((16, 2880), dtype=np.float32))
+    ref = x.double() @ dequant64(w, t).T
+    out = {}
+    for isa in ["scalar", *simd]:
+        use_isa(isa)
+        K.set_gemv_max_tokens(16)
+        out[isa] = [K._linear(x[:n], w, None, t) for n in (5, 8, 11, 16)]
+    for isa in simd:
+        assert all(torch.equal(a, b) for a, b in zip(out["scalar"], out[isa])), isa
+    assert FAST_MIN < rel_err(out["scalar"][-1], ref) < LINEAR_FAST_TOL
+
+
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_fast_nan_and_inf_propagate(isa, bad, use_isa, fast):
