@@ -115,12 +115,17 @@ void quantize_rows(const float* const* x, int64_t M, int64_t K, int8_t* q, float
 }
 
 // out[a*n_rows + r] = W[r] . A[a] for a < M: fused GEMV (A = M rows prepped by prep_x) or
-// tile + GEMM (A packed by pack_a); with xq non-null, the int8 GEMV on xq[a]/xd[a] instead.
+// tile + GEMM (A packed by pack_a); with xq non-null (fast mode), the int8 GEMV on xq[a]/xd[a],
+// or for MXFP4 on the tile path the int8 GEMM (Q8_0 tiles stay fp32 and read A).
 void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
                 int64_t n_rows, int64_t K, const float* A, int64_t M, float* out,
                 const int8_t* const* xq = nullptr, const float* const* xd = nullptr) {
     // Even passes (12 tokens: 6 + 6, not 8 + 4): a 1..3-token pass runs at half the FLOP rate.
     const int64_t passes = (M + kMaxGemvTokens - 1) / kMaxGemvTokens, per_pass = (M + passes - 1) / passes;
+    if (xq && tile_path && fmt == kMXFP4) {
+        ks->gemm_q8(w, row_bytes, n_rows, K, xq, xd, M, out, n_rows);
+        return;
+    }
     if (xq && !tile_path) {
         for (int64_t a0 = 0; a0 < M; a0 += per_pass) {
             const int nt = int(std::min<int64_t>(per_pass, M - a0));
@@ -207,7 +212,8 @@ struct MoeCtx {
     std::vector<int32_t> asg_token;
     std::vector<float> asg_weight;
     std::vector<int64_t> asg_pos;  // [T*k]: sorted position of routing entry (t, j)
-    bool fast = false;  // int8 activations for the GEMV slots
+    bool fast = false;  // int8 activations for the GEMV slots (and MXFP4 tile slots)
+    bool int8_slot(const Slot& s) const { return fast && (!s.tile_path || fmt == kMXFP4); }
     std::vector<const int8_t*> asg_xq, asg_aq;  // fast: per sorted assignment, its token's / act's row
     std::vector<const float*> asg_xd, asg_ad;
     float *xg, *act, *actp, *ys, *out;
@@ -224,8 +230,8 @@ void moe_gate_up_job(void* p, int) {
         float* g = grow(t_buf0, size_t(s.count * nr));
         float* v = grow(t_buf1, size_t(s.count * nr));
         const float* A = c.xg + s.xg_off;
-        const int8_t* const* xq = c.fast ? c.asg_xq.data() + s.first : nullptr;
-        const float* const* xd = c.fast ? c.asg_xd.data() + s.first : nullptr;
+        const int8_t* const* xq = c.int8_slot(s) ? c.asg_xq.data() + s.first : nullptr;
+        const float* const* xd = c.int8_slot(s) ? c.asg_xd.data() + s.first : nullptr;
         rows_times(c.ks, c.fmt, s.tile_path, c.gate + s.expert * c.gate_es + r0 * rb, rb, nr, c.H, A, s.count, g,
                    xq, xd);
         rows_times(c.ks, c.fmt, s.tile_path, c.up + s.expert * c.up_es + r0 * rb, rb, nr, c.H, A, s.count, v,
@@ -256,8 +262,8 @@ void moe_down_job(void* p, int) {
         const int64_t r0 = (u % c.chunks_h) * kChunkRows, nr = std::min(kChunkRows, c.H - r0);
         float* y = grow(t_buf0, size_t(s.count * nr));
         rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I,
-                   c.actp + s.actp_off, s.count, y, c.fast ? c.asg_aq.data() + s.first : nullptr,
-                   c.fast ? c.asg_ad.data() + s.first : nullptr);
+                   c.actp + s.actp_off, s.count, y, c.int8_slot(s) ? c.asg_aq.data() + s.first : nullptr,
+                   c.int8_slot(s) ? c.asg_ad.data() + s.first : nullptr);
         const float* db = c.db ? c.db + s.expert * c.H + r0 : nullptr;
         for (int64_t a = 0; a < s.count; ++a) {
             float* dst = c.ys + (s.first + a) * c.H + r0;
@@ -323,8 +329,9 @@ HM_API int hm_set_gemv_max_tokens(int n) {
 
 HM_API int hm_get_gemv_max_tokens() { return g_gemv_max_tokens; }
 
-// Fast mode: the GEMV path (few tokens per expert / dense call) quantizes activations to int8 per
-// 32-block and uses integer dot products (~1e-2 relative error); the tile path stays fp32.
+// Fast mode: activations quantized to int8 per 32-block, integer dot products (~1e-2 relative
+// error) on the GEMV path (few tokens per expert / dense call) and, for MXFP4, on the tile path
+// (int8 GEMM); Q8_0 tiles stay fp32.
 HM_API int hm_set_fast_math(int on) {
     g_fast_math = on ? 1 : 0;
     return 0;
@@ -356,7 +363,7 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
     c.ks = g_ks;
     c.fmt = fmt;
     c.tile_path = T > g_gemv_max_tokens;
-    if (!c.tile_path && g_fast_math.load()) {
+    if (g_fast_math.load() && (!c.tile_path || fmt == kMXFP4)) {
         std::vector<const float*> rows(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
         c.xq.resize(size_t(T));
@@ -440,8 +447,8 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     for (Slot& s : c.slots) {
         s.xg_off = xg_size;
         s.actp_off = actp_size;
-        xg_size += s.tile_path ? packed_floats(s.count, H) : c.fast ? 0 : s.count * H;
-        actp_size += s.tile_path ? packed_floats(s.count, I) : c.fast ? 0 : s.count * I;
+        xg_size += c.int8_slot(s) ? 0 : s.tile_path ? packed_floats(s.count, H) : s.count * H;
+        actp_size += c.int8_slot(s) ? 0 : s.tile_path ? packed_floats(s.count, I) : s.count * I;
     }
     if (c.fast) {
         std::vector<const float*> tok(static_cast<size_t>(T));
@@ -467,8 +474,8 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     for (const Slot& s : c.slots) {
         rows.clear();
         for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(x + int64_t(c.asg_token[size_t(a)]) * H);
+        if (c.int8_slot(s)) continue;
         if (s.tile_path) c.ks->pack_a(rows.data(), s.count, H, c.xg + s.xg_off);
-        else if (c.fast) continue;
         else
             for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.xg + s.xg_off + a * H, H);
     }
@@ -478,11 +485,11 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     for (const Slot& s : c.slots) {
         rows.clear();
         for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(c.act + a * I);
-        if (s.tile_path) c.ks->pack_a(rows.data(), s.count, I, c.actp + s.actp_off);
-        else if (c.fast)
+        if (c.int8_slot(s))
             quantize_rows(rows.data(), s.count, I, grow(g_aq, size_t(n_asg * q8x_bytes(I))) + s.first * q8x_bytes(I),
                           grow(g_ad, size_t(n_asg * q8x_scales(I))) + s.first * q8x_scales(I),
                           c.asg_aq.data() + s.first, c.asg_ad.data() + s.first);
+        else if (s.tile_path) c.ks->pack_a(rows.data(), s.count, I, c.actp + s.actp_off);
         else
             for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.actp + s.actp_off + a * I, I);
     }

@@ -80,6 +80,12 @@ struct KernelSet {
     // for few tokens, M <= kQgemmMaxTokens), A packed by this ISA's pack_a.
     void (*qgemm)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap,
                   int64_t M, float* C, int64_t ldc);
+    // Fast mode, many tokens, MXFP4 weights only: C[m*ldc + r] for r < N, m < M with x_m given as
+    // quantize_x_q8's output (xq[m], xd[m]). Per row and token, for each block b in order: the
+    // exact int32 dot c_b of the LUT2 weights and the int8 activations, s_b = d_w * d_x (fp32
+    // mul), acc = fma(c_b, s_b, acc); C = acc. Every ISA does exactly this (bit-identical).
+    void (*gemm_q8)(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
+                    const float* const* xd, int64_t M, float* C, int64_t ldc);
 };
 
 constexpr int kQgemmMaxTokens = 16;  // qgemm's token groups are decoded once per pair of 8
@@ -136,6 +142,12 @@ inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
     }
 }
 
+// Where element j of block b sits in a quantize_x_q8 row, and that block's activation scale.
+inline int64_t q8x_elem(int64_t b, int j) {
+    return (b / 2) * kQ8xPairBytes + (b % 2) * 16 + (j < 16 ? j : j + 16);
+}
+inline float q8x_scale(const float* d, int64_t b) { return d[(b / 2) * 8 + (b % 2) * 4]; }
+
 inline int64_t packed_floats(int64_t M, int64_t K) { return (M + 7) / 8 * 8 * K; }
 
 // Row-major copy: the packing of the ISAs whose gemm reads plain rows (scalar, AVX-512).
@@ -152,6 +164,8 @@ void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64
              const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
 void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap, int64_t M,
            float* C, int64_t ldc);
+void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
+             const float* const* xd, int64_t M, float* C, int64_t ldc);
 }  // namespace avx2
 
 namespace scalar {

@@ -174,10 +174,57 @@ def test_default_mode_unchanged_after_fast_calls(isa, use_isa):
     assert rel_err(after[1], moe_reference64(x, ids, wts, ex)) < 1e-5
 
 
-def test_fast_mode_leaves_tile_path_fp32(use_isa, fast):
-    """Above the GEMV limit the dense linear stays fp32 (exact to ~1e-7) even in fast mode."""
+def test_fast_mode_tile_path_q8_0_fp32_mxfp4_int8(use_isa, fast):
+    """Above the GEMV limit a Q8_0 linear stays fp32 (exact to ~1e-7) in fast mode; an MXFP4 one
+    takes the int8 GEMM (fast-mode error, so not the fp32 tile)."""
     rng = np.random.default_rng()
     K.set_gemv_max_tokens(2)
-    w = quantized(rng, 30, 128, GGMLType.MXFP4)
     x = torch.from_numpy(rng.standard_normal((5, 128), dtype=np.float32))
-    assert rel_err(K.linear_mxfp4(x, w), x.double() @ dequant64(w, GGMLType.MXFP4).T) < 1e-5
+    wq = quantized(rng, 30, 128, GGMLType.Q8_0)
+    assert rel_err(K.linear_q8_0(x, wq), x.double() @ dequant64(wq, GGMLType.Q8_0).T) < 1e-5
+    wm = quantized(rng, 30, 128, GGMLType.MXFP4)
+    assert FAST_MIN < rel_err(K.linear_mxfp4(x, wm), x.double() @ dequant64(wm, GGMLType.MXFP4).T) < LINEAR_FAST_TOL
+
+
+@pytest.mark.parametrize("k_in", [224, 2880])
+@needs_lib
+def test_fast_int8_gemm_agrees_exactly_and_with_float64(k_in, use_isa, fast):
+    """The int8 tile GEMM (MXFP4, fast mode, tokens over the GEMV limit): 53 rows (6 full 8-row
+    panels and a 5-row edge), 7 blocks (odd: the last pair's partner missing) or 90, token counts
+    that leave 1..3 tokens in the last group of 4; scalar and SIMD bit-identical, and float64 close."""
+    rng = np.random.default_rng()
+    simd = [p.values[0] for p in isa_params() if not p.marks and p.values[0] != "scalar"]
+    if not simd:
+        pytest.skip("no SIMD variant on this CPU")
+    w = quantized(rng, 53, k_in, GGMLType.MXFP4)
+    x = torch.from_numpy(rng.standard_normal((17, k_in), dtype=np.float32))
+    ref = x.double() @ dequant64(w, GGMLType.MXFP4).T
+    out = {}
+    for isa in ["scalar", *simd]:
+        use_isa(isa)
+        K.set_gemv_max_tokens(0)
+        out[isa] = [K.linear_mxfp4(x[:n], w) for n in (1, 2, 7, 17)]
+    for isa in simd:
+        assert all(torch.equal(a, b) for a, b in zip(out["scalar"], out[isa])), isa
+    assert FAST_MIN < rel_err(out["scalar"][-1], ref) < LINEAR_FAST_TOL
+
+
+@needs_lib
+def test_fast_moe_int8_tile_slots_exact_across_isas(use_isa, fast):
+    """A fast-mode MoE whose experts all take the tile path (limit 0): gate/up and down through
+    the int8 GEMM; scalar and SIMD bit-identical; float64 within the fast tolerance."""
+    rng = np.random.default_rng()
+    simd = [p.values[0] for p in isa_params() if not p.marks and p.values[0] != "scalar"]
+    if not simd:
+        pytest.skip("no SIMD variant on this CPU")
+    ex = make_experts(rng, 8, H, I)
+    x = torch.from_numpy(rng.standard_normal((11, H), dtype=np.float32))
+    ids, wts = routing(rng, 11, 4, 8)
+    out = {}
+    for isa in ["scalar", *simd]:
+        use_isa(isa)
+        K.set_gemv_max_tokens(0)
+        out[isa] = K.moe_forward(x, ids, wts, ex)
+    for isa in simd:
+        assert torch.equal(out["scalar"], out[isa]), isa
+    assert FAST_MIN < rel_err(out["scalar"], moe_reference64(x, ids, wts, ex)) < MOE_FAST_TOL

@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (0 = model's)")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--fast-math", action="store_true",
-                   help="int8 activations on the decode path: faster, ~5e-3 relative error (default: exact fp32)")
+                   help="int8 activations (decode, and MXFP4 experts in prompts): faster, ~5e-3 "
+                        "relative error per matmul (default: exact fp32)")
     p.add_argument("--cpu-moe", action="store_true", help="keep all expert tensors on the CPU")
     p.add_argument("--n-cpu-moe", type=int, default=0, help="experts of the first N layers on the CPU")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None)

@@ -62,7 +62,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--fit", nargs="?", const="on", default=None, type=_on_off, help="choose placement to fit VRAM")
     a("--vram-budget", type=float, default=None, help="GiB of VRAM the plan may use")
     a("--fast-math", action="store_true",
-      help="int8 activations on the decode path: faster, ~5e-3 relative error (default: exact fp32)")
+      help="int8 activations (decode, and MXFP4 experts in prompts): faster, ~5e-3 relative error "
+           "per matmul (default: exact fp32)")
     a("--upload-slots", type=int, default=None,
       help="GPU buffers of one layer's CPU experts for prompt batches (0 = compute them on the CPU)")
     a("--gpu-dense-dtype", default=None, choices=["auto", "stored", "bf16", "f16", "f32"],

@@ -107,8 +107,9 @@ def set_fast_math(on: bool) -> None:
     Activations are quantized per 32-element block to int8 (scale max|x|/127, round to nearest)
     and multiplied with the MXFP4/Q8_0 weights in integer arithmetic: cold T=1 MoE layer ~1.5-1.7x
     faster on AVX2 (bench/kernels.py; the memory-bound Q8_0 head ~1.1-1.3x), at a relative error
-    of ~5e-3 per GEMV (~1e-2 through a MoE layer) vs ~1e-7 in the default fp32 mode. The tile path (many tokens per
-    expert: prefill) stays fp32. NaN/inf in an input block gives NaN outputs. Process-wide; no
+    of ~5e-3 per GEMV (~1e-2 through a MoE layer) vs ~1e-7 in the default fp32 mode. On the tile
+    path (many tokens per expert: prefill) MXFP4 weights take an int8 GEMM (~1.2x the fp32 tile
+    GEMM's rate); Q8_0 tiles stay fp32. NaN/inf in an input block gives NaN outputs. Process-wide; no
     effect on the torch fallback."""
     if not isinstance(on, bool):
         raise ValueError(f"fast_math must be a bool, got {on!r}")
