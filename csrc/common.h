@@ -101,11 +101,18 @@ constexpr int kMaxAttnGroup = 64;  // query heads per KV head the attention kern
 //   b0, elements 4l..4l+3 and 16+4l..16+4l+3; l >= 4 the same in b1), the correction that lets
 //   the MXFP4 GEMV multiply unsigned LUT2+12 weights (maddubs) and subtract it afterwards;
 // and 8 scales per pair [d0 x4 | d1 x4]; an odd last block's missing partner is zeros (q and d).
+// After the pairs' scales, one int32 per block (stored in the float array's bytes): 12 * (sum of
+// the block's q), the correction the int8 GEMM subtracts (its lanes hold rows, not k groups).
 // Shared by every ISA (runs once per token: K elements).
 inline int64_t q8x_pairs(int64_t K) { return (K / kBlockElems + 1) / 2; }
 constexpr int kQ8xPairBytes = 96;
 inline int64_t q8x_bytes(int64_t K) { return q8x_pairs(K) * kQ8xPairBytes; }
-inline int64_t q8x_scales(int64_t K) { return q8x_pairs(K) * 8; }
+inline int64_t q8x_scales(int64_t K) { return q8x_pairs(K) * 8 + K / kBlockElems; }
+inline int32_t q8x_block_sum(const float* d, int64_t K, int64_t b) {
+    int32_t v;
+    std::memcpy(&v, d + q8x_pairs(K) * 8 + b, sizeof(v));
+    return v;
+}
 
 inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
     const float kMagic = 12582912.f;  // 1.5 * 2^23: (v + magic) - magic rounds v to nearest even
@@ -139,6 +146,8 @@ inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
             sums[l] = 12 * sum;
         }
         std::memcpy(q + (b / 2) * kQ8xPairBytes + 64 + (b % 2) * 16, sums, sizeof(sums));
+        const int32_t block_sum = sums[0] + sums[1] + sums[2] + sums[3];
+        std::memcpy(d + q8x_pairs(K) * 8 + b, &block_sum, sizeof(block_sum));
     }
 }
 

@@ -556,20 +556,25 @@ void decode_panel_q8(const uint8_t* w, int64_t row_bytes, int nr, int64_t nb, ui
 }
 
 // One 8-row panel (all nb blocks) times TB tokens (<= kQ8Tokens: 3 measured best; 4 spills).
+// Kept out of line: inlined into gemm_q8, its accumulators were spilled to the stack.
 template <int TB>
-void gemm_q8_micro(const uint8_t* wt, const float* dwt, int64_t nb, const int8_t* const* xq, const float* const* xd,
-                   const int32_t* const* bs, float* const* out, int nr) {
+__attribute__((noinline)) void gemm_q8_micro(const uint8_t* wt, const float* dwt, int64_t nb, const int8_t* const* xq, const float* const* xd,
+                   const float* const* bs, float* const* out, int nr) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[TB];
+    #pragma GCC unroll 8
     for (int t = 0; t < TB; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* wb = wt + b * 256;
         const int64_t xo = (b / 2) * kQ8xPairBytes + (b % 2) * 16;
         __m256i isum[TB];
+        #pragma GCC unroll 8
         for (int h = 0; h < 2; ++h) {
             __m256i p16[TB];
+            #pragma GCC unroll 8
             for (int q4 = 0; q4 < 4; ++q4) {
                 const __m256i wv = _mm256_load_si256((const __m256i*)(wb + (4 * h + q4) * 32));
+                #pragma GCC unroll 8
                 for (int t = 0; t < TB; ++t) {
                     int32_t x4;
                     std::memcpy(&x4, xq[t] + xo + 32 * h + 4 * q4, 4);  // elements 16h + 4q4 .. +3
@@ -577,18 +582,23 @@ void gemm_q8_micro(const uint8_t* wt, const float* dwt, int64_t nb, const int8_t
                     p16[t] = q4 == 0 ? p : _mm256_add_epi16(p16[t], p);
                 }
             }
+            #pragma GCC unroll 8
             for (int t = 0; t < TB; ++t) {
                 const __m256i s32 = _mm256_madd_epi16(p16[t], ones);
                 isum[t] = h == 0 ? s32 : _mm256_add_epi32(isum[t], s32);
             }
         }
         const __m256 dw = _mm256_load_ps(dwt + b * kQ8Panel);
+        #pragma GCC unroll 8
         for (int t = 0; t < TB; ++t) {
-            const __m256i c = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(bs[t][b]));
+            int32_t bsum;
+            std::memcpy(&bsum, bs[t] + b, sizeof(bsum));
+            const __m256i c = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(bsum));
             const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(q8x_scale(xd[t], b)));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), sc, acc[t]);
         }
     }
+    #pragma GCC unroll 8
     for (int t = 0; t < TB; ++t) {
         if (nr == kQ8Panel) {
             _mm256_storeu_ps(out[t], acc[t]);
@@ -602,32 +612,23 @@ void gemm_q8_micro(const uint8_t* wt, const float* dwt, int64_t nb, const int8_t
 
 thread_local std::vector<uint8_t> t_q8_panel;
 thread_local std::vector<float> t_q8_dw;
-thread_local std::vector<int32_t> t_q8_bsum;
 
 void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
              const float* const* xd, int64_t M, float* C, int64_t ldc) {
     const int64_t nb = K / kBlockElems;
     if (t_q8_panel.size() < size_t(nb * 256 + 32)) t_q8_panel.resize(size_t(nb * 256 + 32));
     if (t_q8_dw.size() < size_t(nb * kQ8Panel + 8)) t_q8_dw.resize(size_t(nb * kQ8Panel + 8));
-    if (t_q8_bsum.size() < size_t(M * nb)) t_q8_bsum.resize(size_t(M * nb));
     uint8_t* wt = (uint8_t*)(((uintptr_t)t_q8_panel.data() + 31) & ~uintptr_t(31));
     float* dwt = (float*)(((uintptr_t)t_q8_dw.data() + 31) & ~uintptr_t(31));
-    // 12 * (sum of each block's q): quantize_x_q8 stores it split over 4 int32 lanes.
-    for (int64_t m = 0; m < M; ++m)
-        for (int64_t b = 0; b < nb; ++b) {
-            int32_t l[4];
-            std::memcpy(l, xq[m] + (b / 2) * kQ8xPairBytes + 64 + (b % 2) * 16, sizeof(l));
-            t_q8_bsum[size_t(m * nb + b)] = l[0] + l[1] + l[2] + l[3];
-        }
     for (int64_t r0 = 0; r0 < N; r0 += kQ8Panel) {
         const int nr = int(N - r0 < kQ8Panel ? N - r0 : kQ8Panel);
         decode_panel_q8(w + r0 * row_bytes, row_bytes, nr, nb, wt, dwt);
         for (int64_t m0 = 0; m0 < M; m0 += kQ8Tokens) {
             const int tb = int(M - m0 < kQ8Tokens ? M - m0 : kQ8Tokens);
-            const int32_t* bs[kQ8Tokens];
+            const float* bs[kQ8Tokens];  // each token's block sums (see quantize_x_q8)
             float* out[kQ8Tokens];
             for (int t = 0; t < tb; ++t) {
-                bs[t] = t_q8_bsum.data() + (m0 + t) * nb;
+                bs[t] = xd[m0 + t] + q8x_pairs(K) * 8;
                 out[t] = C + (m0 + t) * ldc + r0;
             }
             switch (tb) {

@@ -204,7 +204,9 @@ def test_fast_int8_gemm_agrees_exactly_and_with_float64(k_in, use_isa, fast):
         use_isa(isa)
         K.set_gemv_max_tokens(0)
         out[isa] = [K.linear_mxfp4(x[:n], w) for n in (1, 2, 7, 17)]
-    for isa in simd:
+    K.set_num_threads(2)  # rows quantized over the pool, row chunks on two threads: same bits
+    out["2 threads"] = [K.linear_mxfp4(x[:n], w) for n in (1, 2, 7, 17)]
+    for isa in [*simd, "2 threads"]:
         assert all(torch.equal(a, b) for a, b in zip(out["scalar"], out[isa])), isa
     assert FAST_MIN < rel_err(out["scalar"][-1], ref) < LINEAR_FAST_TOL
 
