@@ -2,9 +2,10 @@
 cold MoE layer at T=1, GFLOP/s at T=8/64/512, the Q8_0 output head at T=1, beside the machine's
 read bandwidth measured in the same run (numpy sum over a large array, 1 and 2 threads).
 
-Fast mode (kernels.set_fast_math: int8 activations on the GEMV path) gets its own T=1 rows,
-measured in the same run, and a closing table of speed-ups over fp32 (1 thread: thread-CPU-time
-rates, which the other processes on a shared core do not distort; 2 threads: wall-time medians).
+Fast mode (kernels.set_fast_math: int8 activations; the int8 GEMV, and the int8 GEMM for MXFP4
+tiles) gets its own rows, measured in the same run, and a closing table of speed-ups over fp32
+(1 thread: thread-CPU-time rates, which the other processes on a shared core do not distort;
+2 threads: wall-time medians).
 
 "Cold": each call routes to 4 experts of a fresh group, cycling through 32 experts (423 MB),
 so the weights come from RAM, not the 32 MB L3. Medians of --repeats runs. Numbers are noisy on
@@ -114,7 +115,7 @@ def main() -> None:
     bw_buf = np.ones(int(args.bw_gib * 2**30) // 8, dtype=np.float64)
     expert_bytes = 3 * I * MX_ROW
 
-    speedups = []  # (threads, case, fp32 rate, fast rate) in GB/s
+    speedups = []  # (threads, case, fp32 rate, fast rate): GB/s, or GFLOP/s where the case says so
     print(f"isa={K.isa()}  repeats={args.repeats} (medians)  20b shapes H=I={H}, E={E}, top-{TOPK}")
     rows = []
     for nt in args.threads:
@@ -155,10 +156,16 @@ def main() -> None:
             x = torch.randn(T, H)
             ids = torch.stack([torch.randperm(E)[:TOPK] for _ in range(T)]).to(torch.int32)
             wts = torch.softmax(torch.randn(T, TOPK), -1)
-            t, best = timed(lambda: K.moe_forward(x, ids, wts, experts), max(3, args.repeats // 2))
             flops = T * TOPK * 2 * (2 * I * H + H * I)
-            rows.append((nt, f"MoE T={T}", f"{flops / t / 1e9:.1f} GFLOP/s",
-                         f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s" + cpu_note(nt, flops, "GFLOP/s")))
+            rates = []
+            for fast in (False, True):  # fast: int8 GEMV (<= 16 tokens per expert) or int8 GEMM
+                K.set_fast_math(fast)
+                t, best = timed(lambda: K.moe_forward(x, ids, wts, experts), max(3, args.repeats // 2))
+                rates.append(flops / (LAST_CPU_S[0] if nt == 1 else t) / 1e9)
+                rows.append((nt, f"MoE T={T}" + (" FAST int8" if fast else ""), f"{flops / t / 1e9:.1f} GFLOP/s",
+                             f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s" + cpu_note(nt, flops, "GFLOP/s")))
+            K.set_fast_math(False)
+            speedups.append((nt, f"MoE T={T} (GFLOP/s)", *rates))
 
         xh = torch.randn(1, H)
         head_rates = []
@@ -183,7 +190,7 @@ def main() -> None:
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
     print("\nfast mode (int8 activations) vs fp32, same run; 1 thread: CPU-time rates, 2+: wall medians")
-    print("| threads | case | fp32 GB/s | fast GB/s | speed-up |\n|---|---|---|---|---|")
+    print("| threads | case | fp32 rate | fast rate | speed-up |\n|---|---|---|---|---|")
     for nt, case, slow, fast in speedups:
         print(f"| {nt} | {case} | {slow:.1f} | {fast:.1f} | {fast / slow:.2f}x |")
 
