@@ -32,7 +32,7 @@ const KernelSet* g_ks = nullptr;
 // Tokens per expert up to which the fused GEMV beats tile + GEMM. With the GEMV's K chunking:
 // 1 core, 2880x2880 MXFP4, GFLOP/s GEMV vs tile: 12 tokens 62 vs 49, 16: 64 vs 63, 24: 65 vs 68.
 std::atomic<int> g_gemv_max_tokens{16};
-std::atomic<int> g_fast_math{0};  // 1: GEMV path on int8 activations (read once per call)
+std::atomic<int> g_fast_math{0};  // 1: int8 activations: GEMV path, and MXFP4 tiles (read once per call)
 
 bool cpu_has_f16c() {
     unsigned a, b, c, d;
