@@ -125,7 +125,11 @@ inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, co
 // are prefetched into L2 during the first chunk.
 constexpr int64_t kGemvChunkFloats = 2048;  // NT * kc
 constexpr int64_t kGemvGroupRows = 24;
-constexpr int64_t kGemvWholeBytes = 24 << 10;  // activations this small stay in L1 unchunked (1-2 tokens)
+constexpr int64_t kGemvWholeBytes = 24 << 10;
+// A chunked GEMV pulls row r + 2 of its group into L2 while chunk 0 of row r is computed.
+inline void prefetch_row_l2(const uint8_t* row, int64_t row_bytes) {
+    for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char*)row + o, _MM_HINT_T1);
+}  // activations this small stay in L1 unchunked (1-2 tokens)
 
 template <int FMT, int NT>
 void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs,
@@ -153,9 +157,7 @@ void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, cons
             const int64_t b1 = nb - b0 < kcb ? nb : b0 + kcb;
             for (int64_t r = 0; r < nr; ++r) {
                 const uint8_t* row = g + r * row_bytes;
-                if (b0 == 0)  // pull row r + 2 into L2 while this chunk is computed
-                    for (int64_t o = 0; r + 2 < nr && o < row_bytes; o += 64)
-                        _mm_prefetch((const char*)row + 2 * row_bytes + o, _MM_HINT_T1);
+                if (b0 == 0 && r + 2 < nr) prefetch_row_l2(row + 2 * row_bytes, row_bytes);
                 __m256 acc[n_acc];
                 for (int i = 0; i < n_acc; ++i) acc[i] = b0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(keep[r][i]);
                 for (int64_t b = b0; b < b1; ++b) gemv_block<FMT, NT, false>(row, b, xs, c, acc);
@@ -472,9 +474,7 @@ void gemv_q8_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, c
             const int64_t p1 = np - p0 < kcp ? np : p0 + kcp;
             for (int64_t r = 0; r < nr; ++r) {
                 const uint8_t* row = w + (r0 + r) * row_bytes;
-                if (kcp < np && p0 == 0)  // pull row r + 2 into L2 while this chunk is computed
-                    for (int64_t o = 0; r + 2 < nr && o < row_bytes; o += 64)
-                        _mm_prefetch((const char*)row + 2 * row_bytes + o, _MM_HINT_T1);
+                if (kcp < np && p0 == 0 && r + 2 < nr) prefetch_row_l2(row + 2 * row_bytes, row_bytes);
                 __m256 acc[NT];
                 for (int t = 0; t < NT; ++t) acc[t] = p0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(keep[r][t]);
                 for (int64_t p = p0; p < p1; ++p) {
