@@ -115,7 +115,7 @@ struct QuantCtx {
 void quantize_job(void* p, int) {
     auto& c = *static_cast<QuantCtx*>(p);
     for (int64_t m; (m = c.next.fetch_add(1, std::memory_order_relaxed)) < c.M;)
-        quantize_x_q8(c.x[m], c.K, c.q + m * q8x_bytes(c.K), c.d + m * q8x_scales(c.K));
+        g_ks->quantize_q8(c.x[m], c.K, c.q + m * q8x_bytes(c.K), c.d + m * q8x_scales(c.K));
 }
 
 // Quantizes the M rows x[m] (K floats each) into q/d and points xq[m]/xd[m] at them (fast mode).
@@ -312,7 +312,7 @@ void moe_combine_job(void* p, int) {
 
 using namespace hm;
 
-HM_API int hm_abi_version() { return 3; }
+HM_API int hm_abi_version() { return 4; }
 
 HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
 
@@ -652,4 +652,13 @@ HM_API uint64_t hm_read_probe(const uint8_t* p, int64_t n_bytes) {
     c.n_units = (c.n_words + kProbeWords - 1) / kProbeWords;
     g_pool->run(probe_job, &c);
     return c.sum.load();
+}
+
+// Fast mode's activation quantizer on one row, for tests: q gets q8x_bytes(K) bytes, d
+// q8x_scales(K) floats (the layout common.h describes). Returns the byte count of q.
+HM_API int64_t hm_quantize_q8(const float* x, int64_t K, int8_t* q, float* d) {
+    if (K <= 0 || K % hm::kBlockElems != 0) return hm::kErrBadArg;
+    std::lock_guard<std::mutex> lock(hm::g_call_mu);
+    hm::g_ks->quantize_q8(x, K, q, d);
+    return hm::q8x_bytes(K);
 }

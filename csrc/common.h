@@ -86,6 +86,8 @@ struct KernelSet {
     // mul), acc = fma(c_b, s_b, acc); C = acc. Every ISA does exactly this (bit-identical).
     void (*gemm_q8)(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
                     const float* const* xd, int64_t M, float* C, int64_t ldc);
+    // Fast mode: one activation row x [K] -> q / d exactly as quantize_x_q8 (below) writes them.
+    void (*quantize_q8)(const float* x, int64_t K, int8_t* q, float* d);
 };
 
 constexpr int kQgemmMaxTokens = 16;  // qgemm's token groups are decoded once per pair of 8
@@ -114,6 +116,9 @@ inline int32_t q8x_block_sum(const float* d, int64_t K, int64_t b) {
     return v;
 }
 
+constexpr float kQ8TinyAmax = 1e-30f;
+
+// The reference quantizer (the scalar set's quantize_q8); SIMD twins must match it bit for bit.
 inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
     const float kMagic = 12582912.f;  // 1.5 * 2^23: (v + magic) - magic rounds v to nearest even
     const int64_t nb = K / kBlockElems;
@@ -133,7 +138,9 @@ inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
         const float scale = finite ? amax / 127.f : __builtin_nanf("");
         for (int i = 0; i < 4; ++i) db[i] = scale;
         if (!finite) continue;  // q stays 0
-        const float id = amax > 0.f ? 127.f / amax : 0.f;
+        // Blocks below kQ8TinyAmax quantize to zeros: 127 / amax would overflow to inf (and
+        // 0 * inf to NaN) for the tiniest ones; their share of a dot product is < 1e-30 anyway.
+        const float id = amax >= kQ8TinyAmax ? 127.f / amax : 0.f;
         for (int j = 0; j < kBlockElems; ++j) {
             float v = (xb[j] * id + kMagic) - kMagic;
             v = v > 127.f ? 127.f : (v < -127.f ? -127.f : v);
@@ -175,6 +182,7 @@ void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, c
            float* C, int64_t ldc);
 void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
              const float* const* xd, int64_t M, float* C, int64_t ldc);
+void quantize_q8(const float* x, int64_t K, int8_t* q, float* d);
 }  // namespace avx2
 
 namespace scalar {

@@ -640,6 +640,63 @@ void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const in
     }
 }
 
+// ---- fast mode: activation quantizer, quantize_x_q8's vector twin (same bits; see common.h).
+// x * (127 / amax) lies in [-127.00002, 127.00002], where cvtps's round-to-nearest-even equals
+// the scalar magic-number rounding, and the clamp only ever sees +-127.
+void quantize_q8(const float* x, int64_t K, int8_t* q, float* d) {
+    const int64_t nb = K / kBlockElems;
+    std::memset(q, 0, size_t(q8x_bytes(K)));
+    std::memset(d, 0, size_t(q8x_scales(K)) * sizeof(float));
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 fmax = _mm256_set1_ps(3.4028234663852886e38f);
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    float* block_sums = d + q8x_pairs(K) * 8;
+    for (int64_t b = 0; b < nb; ++b) {
+        const float* xb = x + b * kBlockElems;
+        int8_t* lo = q + (b / 2) * kQ8xPairBytes + (b % 2) * 16;
+        float* db = d + (b / 2) * 8 + (b % 2) * 4;
+        __m256 v[4], a[4];
+        for (int i = 0; i < 4; ++i) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            a[i] = _mm256_and_ps(v[i], absmask);
+        }
+        // Finite iff |x| <= FLT_MAX in every lane (false for NaN and inf).
+        const __m256 ok = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(a[0], fmax, _CMP_LE_OQ), _mm256_cmp_ps(a[1], fmax, _CMP_LE_OQ)),
+                                        _mm256_and_ps(_mm256_cmp_ps(a[2], fmax, _CMP_LE_OQ), _mm256_cmp_ps(a[3], fmax, _CMP_LE_OQ)));
+        if (_mm256_movemask_ps(ok) != 0xff) {
+            for (int i = 0; i < 4; ++i) db[i] = __builtin_nanf("");
+            continue;  // q stays 0
+        }
+        __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float scale = amax / 127.f;
+        for (int i = 0; i < 4; ++i) db[i] = scale;
+        const __m256 id = _mm256_set1_ps(amax >= kQ8TinyAmax ? 127.f / amax : 0.f);
+        __m256i iv[4];
+        for (int i = 0; i < 4; ++i)
+            iv[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)), lim), nlim);
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+        const __m256i qv = _mm256_permutevar8x32_epi32(p, order);  // elements 0..31 in order
+        _mm_storeu_si128((__m128i*)lo, _mm256_castsi256_si128(qv));
+        _mm_storeu_si128((__m128i*)(lo + 32), _mm256_extracti128_si256(qv, 1));
+        // dword i of s: sum of elements 4i..4i+3; lane l of the stored sums covers 4l.. and 16+4l..
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qv), ones16);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_mullo_epi32(s4, _mm_set1_epi32(12));
+        _mm_storeu_si128((__m128i*)(q + (b / 2) * kQ8xPairBytes + 64 + (b % 2) * 16), s4);
+        __m128i t = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+        const int32_t block_sum = _mm_cvtsi128_si32(t);
+        std::memcpy(block_sums + b, &block_sum, sizeof(block_sum));
+    }
+}
+
 }  // namespace
 
 namespace avx2 {
@@ -659,10 +716,11 @@ void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const in
              const float* const* xd, int64_t M, float* C, int64_t ldc) {
     hm::gemm_q8(w, row_bytes, N, K, xq, xd, M, C, ldc);
 }
+void quantize_q8(const float* x, int64_t K, int8_t* q, float* d) { hm::quantize_q8(x, K, q, d); }
 }  // namespace avx2
 
 const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm, avx2::gemv_q8,
-                                avx2::attn_group, avx2::qgemm, avx2::gemm_q8};
+                                avx2::attn_group, avx2::qgemm, avx2::gemm_q8, avx2::quantize_q8};
 
 }  // namespace hm
 #pragma GCC pop_options

@@ -230,3 +230,58 @@ def test_fast_moe_int8_tile_slots_exact_across_isas(use_isa, fast):
     for isa in simd:
         assert torch.equal(out["scalar"], out[isa]), isa
     assert FAST_MIN < rel_err(out["scalar"], moe_reference64(x, ids, wts, ex)) < MOE_FAST_TOL
+
+
+def _quantize_q8_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Independent reference of the fast-mode activation quantizer, per 32-block: d = max|x|/127,
+    q = round-half-even(x * (127/max|x|)) (zeros when max|x| < 1e-30; zeros and d = NaN when the
+    block holds NaN/inf). Returns q [nb, 32], d [nb], the 4 lane sums [nb, 4] and block sums [nb]
+    (12 x the sums of q the int8 kernels subtract)."""
+    xb = x.reshape(-1, 32).astype(np.float32)
+    a = np.abs(xb)
+    finite = np.isfinite(xb).all(axis=1)
+    amax = np.where(finite, np.where(np.isfinite(a), a, 0).max(axis=1), 0).astype(np.float32)
+    d = np.where(finite, amax / np.float32(127), np.nan).astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # masked by the where()s
+        inv = np.where(amax >= np.float32(1e-30), np.float32(127) / amax, 0).astype(np.float32)
+        v = np.where(finite[:, None], xb * inv[:, None], 0).astype(np.float32)
+    q = np.clip(np.rint(v), -127, 127).astype(np.int8)
+    lanes = 12 * (q.reshape(-1, 2, 4, 4).astype(np.int32).sum(axis=(1, 3)))  # lane l: 4l.. and 16+4l..
+    return q, d, lanes, lanes.sum(axis=1)
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("k_in", [32, 96, 2880])
+@needs_lib
+def test_quantize_q8_matches_numpy_bit_for_bit(isa, k_in, use_isa):
+    """Every variant's activation quantizer against the numpy reference on fresh random rows plus
+    crafted blocks: exact .5 ties (round half to even), +-127 extremes, all zeros, a denormal-tiny
+    block, NaN and inf blocks; then the pair layout (q bytes, scales, lane sums, block sums)."""
+    use_isa(isa)
+    rng = np.random.default_rng()
+    nb = k_in // 32
+    x = (rng.standard_normal(k_in) * rng.choice([1e-3, 1.0, 50.0], size=k_in)).astype(np.float32)
+    crafted = [np.concatenate([[127.0], np.arange(-30.5, 0.5, 1.0)]).astype(np.float32),  # id = 1: ties
+               np.arange(-15.5, 16.5, 1.0, dtype=np.float32) * (127 / 16),
+               np.zeros(32, np.float32), np.full(32, 1e-38, np.float32),
+               np.where(np.arange(32) == 5, np.nan, 1.0).astype(np.float32),
+               np.where(np.arange(32) == 9, -np.inf, 2.0).astype(np.float32)]
+    for i, blk in enumerate(crafted[:nb]):
+        x[i * 32:(i + 1) * 32] = blk
+    q_buf = np.full(k_in // 64 * 96 + 96, 0x55, np.uint8)
+    d_buf = np.full((nb + 1) // 2 * 8 + nb, 7.0, np.float32)
+    n = K._lib_handle.hm_quantize_q8(x.ctypes.data, k_in, q_buf.ctypes.data, d_buf.ctypes.data)
+    pairs = (nb + 1) // 2
+    assert n == pairs * 96
+    q, d, lanes, sums = _quantize_q8_numpy(x)
+    for b in range(nb):
+        base = (b // 2) * 96 + (b % 2) * 16
+        got = np.concatenate([q_buf[base:base + 16], q_buf[base + 32:base + 48]]).view(np.int8)
+        assert np.array_equal(got, q[b]), (b, got, q[b])
+        got_d = d_buf[(b // 2) * 8 + (b % 2) * 4:(b // 2) * 8 + (b % 2) * 4 + 4]
+        assert np.array_equal(got_d, np.full(4, d[b]), equal_nan=True), (b, got_d, d[b])
+        assert np.array_equal(q_buf[(b // 2) * 96 + 64 + (b % 2) * 16:][:16].view(np.int32), lanes[b]), b
+    assert np.array_equal(d_buf[pairs * 8:].view(np.int32), sums)
+    if nb % 2:  # the odd last block's missing partner is zeros
+        assert not q_buf[(nb // 2) * 96 + 16:(nb // 2) * 96 + 32].any()
+        assert not d_buf[(nb // 2) * 8 + 4:(nb // 2) * 8 + 8].any()
