@@ -32,7 +32,7 @@ const KernelSet* g_ks = nullptr;
 // Tokens per expert up to which the fused GEMV beats tile + GEMM. With the GEMV's K chunking:
 // 1 core, 2880x2880 MXFP4, GFLOP/s GEMV vs tile: 12 tokens 62 vs 49, 16: 64 vs 63, 24: 65 vs 68.
 std::atomic<int> g_gemv_max_tokens{16};
-std::atomic<int> g_fast_math{0};  // 1: int8 activations: GEMV path, and MXFP4 tiles (read once per call)
+std::atomic<int> g_fast_math{0};  // 1: int8 activations on the GEMV and the tile path
 
 bool cpu_has_f16c() {
     unsigned a, b, c, d;
@@ -134,14 +134,14 @@ void quantize_rows(const float* const* x, int64_t M, int64_t K, int8_t* q, float
 
 // out[a*n_rows + r] = W[r] . A[a] for a < M: fused GEMV (A = M rows prepped by prep_x) or
 // tile + GEMM (A packed by pack_a); with xq non-null (fast mode), the int8 GEMV on xq[a]/xd[a],
-// or for MXFP4 on the tile path the int8 GEMM (Q8_0 tiles stay fp32 and read A).
+// or on the tile path the int8 GEMM.
 void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
                 int64_t n_rows, int64_t K, const float* A, int64_t M, float* out,
                 const int8_t* const* xq = nullptr, const float* const* xd = nullptr) {
     // Even passes (12 tokens: 6 + 6, not 8 + 4): a 1..3-token pass runs at half the FLOP rate.
     const int64_t passes = (M + kMaxGemvTokens - 1) / kMaxGemvTokens, per_pass = (M + passes - 1) / passes;
-    if (xq && tile_path && fmt == kMXFP4) {
-        ks->gemm_q8(w, row_bytes, n_rows, K, xq, xd, M, out, n_rows);
+    if (xq && tile_path) {
+        ks->gemm_q8(fmt, w, row_bytes, n_rows, K, xq, xd, M, out, n_rows);
         return;
     }
     if (xq && !tile_path) {
@@ -230,8 +230,8 @@ struct MoeCtx {
     std::vector<int32_t> asg_token;
     std::vector<float> asg_weight;
     std::vector<int64_t> asg_pos;  // [T*k]: sorted position of routing entry (t, j)
-    bool fast = false;  // int8 activations for the GEMV slots (and MXFP4 tile slots)
-    bool int8_slot(const Slot& s) const { return fast && (!s.tile_path || fmt == kMXFP4); }
+    bool fast = false;  // int8 activations for every slot (GEMV and tile)
+    bool int8_slot(const Slot&) const { return fast; }
     std::vector<const int8_t*> asg_xq, asg_aq;  // fast: per sorted assignment, its token's / act's row
     std::vector<const float*> asg_xd, asg_ad;
     float *xg, *act, *actp, *ys, *out;
@@ -348,8 +348,7 @@ HM_API int hm_set_gemv_max_tokens(int n) {
 HM_API int hm_get_gemv_max_tokens() { return g_gemv_max_tokens; }
 
 // Fast mode: activations quantized to int8 per 32-block, integer dot products (~1e-2 relative
-// error) on the GEMV path (few tokens per expert / dense call) and, for MXFP4, on the tile path
-// (int8 GEMM); Q8_0 tiles stay fp32.
+// error) on the GEMV path (few tokens per expert / dense call) and on the tile path (int8 GEMM).
 HM_API int hm_set_fast_math(int on) {
     g_fast_math = on ? 1 : 0;
     return 0;
@@ -381,7 +380,7 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
     c.ks = g_ks;
     c.fmt = fmt;
     c.tile_path = T > g_gemv_max_tokens;
-    if (g_fast_math.load() && (!c.tile_path || fmt == kMXFP4)) {
+    if (g_fast_math.load()) {
         std::vector<const float*> rows(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
         c.xq.resize(size_t(T));

@@ -80,11 +80,12 @@ struct KernelSet {
     // for few tokens, M <= kQgemmMaxTokens), A packed by this ISA's pack_a.
     void (*qgemm)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap,
                   int64_t M, float* C, int64_t ldc);
-    // Fast mode, many tokens, MXFP4 weights only: C[m*ldc + r] for r < N, m < M with x_m given as
-    // quantize_x_q8's output (xq[m], xd[m]). Per row and token, for each block b in order: the
-    // exact int32 dot c_b of the LUT2 weights and the int8 activations, s_b = d_w * d_x (fp32
-    // mul), acc = fma(c_b, s_b, acc); C = acc. Every ISA does exactly this (bit-identical).
-    void (*gemm_q8)(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
+    // Fast mode, many tokens: C[m*ldc + r] for r < N, m < M with x_m given as quantize_x_q8's
+    // output (xq[m], xd[m]). Per row and token, for each block b in order: the exact int32 dot
+    // c_b of the integer weights (MXFP4: LUT2 values; Q8_0: the int8 quants) and the int8
+    // activations, s_b = d_w * d_x (fp32 mul), acc = fma(c_b, s_b, acc); C = acc. Every ISA does
+    // exactly this (bit-identical).
+    void (*gemm_q8)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
                     const float* const* xd, int64_t M, float* C, int64_t ldc);
     // Fast mode: one activation row x [K] -> q / d exactly as quantize_x_q8 (below) writes them.
     void (*quantize_q8)(const float* x, int64_t K, int8_t* q, float* d);
@@ -180,7 +181,7 @@ void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64
              const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
 void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap, int64_t M,
            float* C, int64_t ldc);
-void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
+void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
              const float* const* xd, int64_t M, float* C, int64_t ldc);
 void quantize_q8(const float* x, int64_t K, int8_t* q, float* d);
 }  // namespace avx2

@@ -522,16 +522,19 @@ void gemv_q8(int fmt, const uint8_t* w, int64_t rb, int64_t n, int64_t K, const 
     else gemv_q8_fmt<kQ8_0>(w, rb, n, K, xq, xd, nt, out, ldo);
 }
 
-// ---- fast mode, many tokens: int8 GEMM on MXFP4 weights (the tile path's int8 twin).
-// A panel of 8 rows is decoded once into L1 as LUT2 + 12 bytes (0..24, unsigned for maddubs),
-// k-quad major: wt[b*256 + q*32 + r*4 + i] = weight 4q+i of block b in row r, so one vector holds
-// 4 k of 8 rows; then each token's 4 int8 activations of that k-quad are broadcast and maddubs
-// gives 8 rows x 2 pair sums. Four maddubs add in int16 (|sum| <= 4*2*24*127 < 2^15), madd to
-// int32, minus 12 * (block sum of x): the exact LUT2 dot. Rows sit in the lanes, so the output of a
-// token is 8 contiguous floats. Float order as KernelSet::gemm_q8 defines.
+// ---- fast mode, many tokens: int8 GEMM (the tile path's int8 twin).
+// A panel of 8 rows is decoded once into L1 as bytes, k-quad major: wt[b*256 + q*32 + r*4 + i] =
+// weight 4q+i of block b in row r, so one vector holds 4 k of 8 rows; then each token's 4 int8
+// activations of that k-quad are broadcast and maddubs gives 8 rows x 2 pair sums. Rows sit in
+// the lanes, so the output of a token is 8 contiguous floats. Float order as KernelSet::gemm_q8.
+//  MXFP4: LUT2 + 12 (0..24, unsigned for maddubs). Four maddubs add in int16 (|sum| <= 4*2*24*127
+//   < 2^15), madd to int32, minus 12 * (block sum of x): the exact LUT2 dot.
+//  Q8_0: the int8 quants as they are; maddubs(|w|, sign(x, w)) = the w*x pairs (<= 2*127*127 < 2^15,
+//   but two would not fit int16), madd to int32 after each.
 constexpr int kQ8Panel = 8;
 constexpr int kQ8Tokens = 3;  // tokens per micro-kernel call (1 core, T = 64..256: 3 -> 99-104 GFLOP/s, 4 -> 93-97)
 
+template <int FMT>
 void decode_panel_q8(const uint8_t* w, int64_t row_bytes, int nr, int64_t nb, uint8_t* wt, float* dwt) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);
     const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)kMxfp4Lut2)),
@@ -544,11 +547,19 @@ void decode_panel_q8(const uint8_t* w, int64_t row_bytes, int nr, int64_t nb, ui
                 dwt[b * kQ8Panel + r] = 0.f;
                 continue;
             }
-            const uint8_t* blk = w + r * row_bytes + b * kMxfp4Bytes;
-            const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(blk + 1)));
-            const __m256i nib = _mm256_and_si256(_mm256_blend_epi32(q, _mm256_srli_epi16(q, 4), 0xF0), m0f);
-            v[r] = _mm256_castsi256_ps(_mm256_shuffle_epi8(lut, nib));  // dword j: elements 4j..4j+3
-            dwt[b * kQ8Panel + r] = g_e8m0_table[blk[0]];
+            if constexpr (FMT == kMXFP4) {
+                const uint8_t* blk = w + r * row_bytes + b * kMxfp4Bytes;
+                const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(blk + 1)));
+                const __m256i nib = _mm256_and_si256(_mm256_blend_epi32(q, _mm256_srli_epi16(q, 4), 0xF0), m0f);
+                v[r] = _mm256_castsi256_ps(_mm256_shuffle_epi8(lut, nib));  // dword j: elements 4j..4j+3
+                dwt[b * kQ8Panel + r] = g_e8m0_table[blk[0]];
+            } else {
+                const uint8_t* blk = w + r * row_bytes + b * kQ8_0Bytes;
+                v[r] = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i*)(blk + 2)));
+                uint16_t h;
+                std::memcpy(&h, blk, 2);
+                dwt[b * kQ8Panel + r] = _cvtsh_ss(h);
+            }
         }
         transpose8(v);  // v[q]: k-quad q of the 8 rows
         for (int q = 0; q < 8; ++q) _mm256_store_ps((float*)(wt + b * 256 + q * 32), v[q]);
@@ -557,7 +568,7 @@ void decode_panel_q8(const uint8_t* w, int64_t row_bytes, int nr, int64_t nb, ui
 
 // One 8-row panel (all nb blocks) times TB tokens (<= kQ8Tokens: 3 measured best; 4 spills).
 // Kept out of line: inlined into gemm_q8, its accumulators were spilled to the stack.
-template <int TB>
+template <int FMT, int TB>
 __attribute__((noinline)) void gemm_q8_micro(const uint8_t* wt, const float* dwt, int64_t nb, const int8_t* const* xq, const float* const* xd,
                    const float* const* bs, float* const* out, int nr) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -568,34 +579,53 @@ __attribute__((noinline)) void gemm_q8_micro(const uint8_t* wt, const float* dwt
         const uint8_t* wb = wt + b * 256;
         const int64_t xo = (b / 2) * kQ8xPairBytes + (b % 2) * 16;
         __m256i isum[TB];
-        #pragma GCC unroll 8
-        for (int h = 0; h < 2; ++h) {
-            __m256i p16[TB];
+        if constexpr (FMT == kMXFP4) {
             #pragma GCC unroll 8
-            for (int q4 = 0; q4 < 4; ++q4) {
-                const __m256i wv = _mm256_load_si256((const __m256i*)(wb + (4 * h + q4) * 32));
+            for (int h = 0; h < 2; ++h) {
+                __m256i p16[TB];
+                #pragma GCC unroll 8
+                for (int q4 = 0; q4 < 4; ++q4) {
+                    const __m256i wv = _mm256_load_si256((const __m256i*)(wb + (4 * h + q4) * 32));
+                    #pragma GCC unroll 8
+                    for (int t = 0; t < TB; ++t) {
+                        int32_t x4;
+                        std::memcpy(&x4, xq[t] + xo + 32 * h + 4 * q4, 4);  // elements 16h + 4q4 .. +3
+                        const __m256i p = _mm256_maddubs_epi16(wv, _mm256_set1_epi32(x4));
+                        p16[t] = q4 == 0 ? p : _mm256_add_epi16(p16[t], p);
+                    }
+                }
                 #pragma GCC unroll 8
                 for (int t = 0; t < TB; ++t) {
-                    int32_t x4;
-                    std::memcpy(&x4, xq[t] + xo + 32 * h + 4 * q4, 4);  // elements 16h + 4q4 .. +3
-                    const __m256i p = _mm256_maddubs_epi16(wv, _mm256_set1_epi32(x4));
-                    p16[t] = q4 == 0 ? p : _mm256_add_epi16(p16[t], p);
+                    const __m256i s32 = _mm256_madd_epi16(p16[t], ones);
+                    isum[t] = h == 0 ? s32 : _mm256_add_epi32(isum[t], s32);
                 }
             }
             #pragma GCC unroll 8
             for (int t = 0; t < TB; ++t) {
-                const __m256i s32 = _mm256_madd_epi16(p16[t], ones);
-                isum[t] = h == 0 ? s32 : _mm256_add_epi32(isum[t], s32);
+                int32_t bsum;
+                std::memcpy(&bsum, bs[t] + b, sizeof(bsum));
+                isum[t] = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(bsum));
+            }
+        } else {
+            #pragma GCC unroll 8
+            for (int q = 0; q < 8; ++q) {
+                const __m256i wv = _mm256_load_si256((const __m256i*)(wb + q * 32));
+                const __m256i aw = _mm256_abs_epi8(wv);
+                #pragma GCC unroll 8
+                for (int t = 0; t < TB; ++t) {
+                    int32_t x4;
+                    std::memcpy(&x4, xq[t] + xo + 32 * (q / 4) + 4 * (q % 4), 4);  // elements 4q .. 4q+3
+                    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), wv));
+                    const __m256i s32 = _mm256_madd_epi16(p, ones);
+                    isum[t] = q == 0 ? s32 : _mm256_add_epi32(isum[t], s32);
+                }
             }
         }
         const __m256 dw = _mm256_load_ps(dwt + b * kQ8Panel);
         #pragma GCC unroll 8
         for (int t = 0; t < TB; ++t) {
-            int32_t bsum;
-            std::memcpy(&bsum, bs[t] + b, sizeof(bsum));
-            const __m256i c = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(bsum));
             const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(q8x_scale(xd[t], b)));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), sc, acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), sc, acc[t]);
         }
     }
     #pragma GCC unroll 8
@@ -613,8 +643,9 @@ __attribute__((noinline)) void gemm_q8_micro(const uint8_t* wt, const float* dwt
 thread_local std::vector<uint8_t> t_q8_panel;
 thread_local std::vector<float> t_q8_dw;
 
-void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
-             const float* const* xd, int64_t M, float* C, int64_t ldc) {
+template <int FMT>
+void gemm_q8_fmt(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
+                 const float* const* xd, int64_t M, float* C, int64_t ldc) {
     const int64_t nb = K / kBlockElems;
     if (t_q8_panel.size() < size_t(nb * 256 + 32)) t_q8_panel.resize(size_t(nb * 256 + 32));
     if (t_q8_dw.size() < size_t(nb * kQ8Panel + 8)) t_q8_dw.resize(size_t(nb * kQ8Panel + 8));
@@ -622,7 +653,7 @@ void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const in
     float* dwt = (float*)(((uintptr_t)t_q8_dw.data() + 31) & ~uintptr_t(31));
     for (int64_t r0 = 0; r0 < N; r0 += kQ8Panel) {
         const int nr = int(N - r0 < kQ8Panel ? N - r0 : kQ8Panel);
-        decode_panel_q8(w + r0 * row_bytes, row_bytes, nr, nb, wt, dwt);
+        decode_panel_q8<FMT>(w + r0 * row_bytes, row_bytes, nr, nb, wt, dwt);
         for (int64_t m0 = 0; m0 < M; m0 += kQ8Tokens) {
             const int tb = int(M - m0 < kQ8Tokens ? M - m0 : kQ8Tokens);
             const float* bs[kQ8Tokens];  // each token's block sums (see quantize_x_q8)
@@ -632,12 +663,18 @@ void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const in
                 out[t] = C + (m0 + t) * ldc + r0;
             }
             switch (tb) {
-                case 3: gemm_q8_micro<3>(wt, dwt, nb, xq + m0, xd + m0, bs, out, nr); break;
-                case 2: gemm_q8_micro<2>(wt, dwt, nb, xq + m0, xd + m0, bs, out, nr); break;
-                default: gemm_q8_micro<1>(wt, dwt, nb, xq + m0, xd + m0, bs, out, nr); break;
+                case 3: gemm_q8_micro<FMT, 3>(wt, dwt, nb, xq + m0, xd + m0, bs, out, nr); break;
+                case 2: gemm_q8_micro<FMT, 2>(wt, dwt, nb, xq + m0, xd + m0, bs, out, nr); break;
+                default: gemm_q8_micro<FMT, 1>(wt, dwt, nb, xq + m0, xd + m0, bs, out, nr); break;
             }
         }
     }
+}
+
+void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
+             const float* const* xd, int64_t M, float* C, int64_t ldc) {
+    if (fmt == kMXFP4) gemm_q8_fmt<kMXFP4>(w, row_bytes, N, K, xq, xd, M, C, ldc);
+    else gemm_q8_fmt<kQ8_0>(w, row_bytes, N, K, xq, xd, M, C, ldc);
 }
 
 // ---- fast mode: activation quantizer, quantize_x_q8's vector twin (same bits; see common.h).
@@ -712,9 +749,9 @@ void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, c
            float* C, int64_t ldc) {
     hm::qgemm(fmt, w, row_bytes, N, K, Ap, M, C, ldc);
 }
-void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
+void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
              const float* const* xd, int64_t M, float* C, int64_t ldc) {
-    hm::gemm_q8(w, row_bytes, N, K, xq, xd, M, C, ldc);
+    hm::gemm_q8(fmt, w, row_bytes, N, K, xq, xd, M, C, ldc);
 }
 void quantize_q8(const float* x, int64_t K, int8_t* q, float* d) { hm::quantize_q8(x, K, q, d); }
 }  // namespace avx2

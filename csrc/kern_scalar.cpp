@@ -138,16 +138,17 @@ void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, c
         }
 }
 
-void gemm_q8(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
+void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
              const float* const* xd, int64_t M, float* C, int64_t ldc) {
     const int64_t nb = K / kBlockElems;
+    const int64_t bb = fmt == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
     int8_t wv[kBlockElems];
     for (int64_t r = 0; r < N; ++r)
         for (int64_t m = 0; m < M; ++m) {
             float acc = 0.f;
             for (int64_t b = 0; b < nb; ++b) {
                 float dw;
-                load_w_int(kMXFP4, w + r * row_bytes + b * kMxfp4Bytes, wv, dw);
+                load_w_int(fmt, w + r * row_bytes + b * bb, wv, dw);
                 int32_t c = 0;
                 for (int j = 0; j < kBlockElems; ++j) c += int32_t(wv[j]) * xq[m][q8x_elem(b, j)];
                 const float sc = dw * q8x_scale(xd[m], b);

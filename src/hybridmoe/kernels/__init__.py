@@ -102,14 +102,14 @@ def set_gemv_max_tokens(n: int) -> None:
 
 
 def set_fast_math(on: bool) -> None:
-    """Opt-in fast mode for the GEMV path (decode: few tokens per expert or dense call).
+    """Opt-in fast mode: int8 activations for every kernel matmul (GEMV and tile path).
 
     Activations are quantized per 32-element block to int8 (scale max|x|/127, round to nearest)
     and multiplied with the MXFP4/Q8_0 weights in integer arithmetic: cold T=1 MoE layer ~1.5-1.7x
     faster on AVX2 (bench/kernels.py; the memory-bound Q8_0 head ~1.1-1.3x), at a relative error
     of ~5e-3 per GEMV (~1e-2 through a MoE layer) vs ~1e-7 in the default fp32 mode. On the tile
-    path (many tokens per expert: prefill) MXFP4 weights take an int8 GEMM (~1.2x the fp32 tile
-    GEMM's rate); Q8_0 tiles stay fp32. NaN/inf in an input block gives NaN outputs. Process-wide; no
+    path (many tokens per expert: prefill) an int8 GEMM (MXFP4 ~1.4x, Q8_0 ~1.1x the fp32 tile
+    GEMM's rate). NaN/inf in an input block gives NaN outputs. Process-wide; no
     effect on the torch fallback."""
     if not isinstance(on, bool):
         raise ValueError(f"fast_math must be a bool, got {on!r}")
