@@ -256,17 +256,7 @@ void moe_gate_up_job(void* p, int) {
                    xq, xd);
         const float* gb = c.gb ? c.gb + s.expert * c.I + r0 : nullptr;
         const float* ub = c.ub ? c.ub + s.expert * c.I + r0 : nullptr;
-        for (int64_t a = 0; a < s.count; ++a) {
-            float* act = c.act + (s.first + a) * c.I + r0;
-            for (int64_t r = 0; r < nr; ++r) {
-                float gv = g[a * nr + r] + (gb ? gb[r] : 0.f);
-                float uv = v[a * nr + r] + (ub ? ub[r] : 0.f);
-                // Written so that NaN falls through both clamps (never replaced by the limit).
-                gv = gv > c.limit ? c.limit : gv;
-                uv = uv > c.limit ? c.limit : (uv < -c.limit ? -c.limit : uv);
-                act[r] = gv / (1.f + std::exp(-c.alpha * gv)) * (uv + 1.f);
-            }
-        }
+        c.ks->swiglu(g, v, s.count, nr, gb, ub, c.alpha, c.limit, c.act + s.first * c.I + r0, c.I);
     }
 }
 
@@ -660,4 +650,13 @@ HM_API int64_t hm_quantize_q8(const float* x, int64_t K, int8_t* q, float* d) {
     std::lock_guard<std::mutex> lock(hm::g_call_mu);
     hm::g_ks->quantize_q8(x, K, q, d);
     return hm::q8x_bytes(K);
+}
+
+// gpt-oss's clamped SwiGLU over rows x n (the MoE's activation step), for tests; see KernelSet::swiglu.
+HM_API int hm_swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float* gb, const float* ub,
+                     float alpha, float limit, float* out, int64_t ldo) {
+    if (rows < 0 || n < 0 || ldo < n) return hm::kErrBadArg;
+    std::lock_guard<std::mutex> lock(hm::g_call_mu);
+    hm::g_ks->swiglu(g, u, rows, n, gb, ub, alpha, limit, out, ldo);
+    return 0;
 }

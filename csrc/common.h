@@ -89,6 +89,11 @@ struct KernelSet {
                     const float* const* xd, int64_t M, float* C, int64_t ldc);
     // Fast mode: one activation row x [K] -> q / d exactly as quantize_x_q8 (below) writes them.
     void (*quantize_q8)(const float* x, int64_t K, int8_t* q, float* d);
+    // gpt-oss's clamped SwiGLU for rows a < rows, r < n: g = min(g[a*n+r] + gb[r], limit),
+    // u = clamp(u[a*n+r] + ub[r], +-limit), out[a*ldo+r] = g / (1 + exp_ref(-alpha * g)) * (u + 1)
+    // (null biases add 0). NaN passes both clamps. Every ISA computes exactly swiglu_ref's bits.
+    void (*swiglu)(const float* g, const float* u, int64_t rows, int64_t n, const float* gb, const float* ub,
+                   float alpha, float limit, float* out, int64_t ldo);
 };
 
 constexpr int kQgemmMaxTokens = 16;  // qgemm's token groups are decoded once per pair of 8
@@ -118,6 +123,43 @@ inline int32_t q8x_block_sum(const float* d, int64_t K, int64_t b) {
 }
 
 constexpr float kQ8TinyAmax = 1e-30f;
+
+// exp for the SwiGLU, as a fixed sequence of IEEE operations so SIMD twins give the same bits:
+// n = round(x log2 e), r = x - n ln2 (two fmas, Cody-Waite), a degree-7 polynomial for e^r (Cephes
+// coefficients), times 2^n. Within 2 ulp of exp on [-87.3, 88.3]; below: clamped (a tiny normal
+// number instead of a denormal or 0); above 88.3: +inf (exp(88.3) is within 2x of FLT_MAX); NaN
+// returns NaN.
+constexpr float kExpHi = 88.3f, kExpLo = -87.3f, kLog2e = 1.44269504088896341f;
+constexpr float kExpC1 = 0.693359375f, kExpC2 = -2.12194440e-4f;
+constexpr float kExpP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+inline float exp_ref(float x) {
+    if (x != x) return x;
+    if (x > kExpHi) return __builtin_inff();
+    x = x < kExpLo ? kExpLo : x;
+    const float n = __builtin_nearbyintf(x * kLog2e);
+    float r = __builtin_fmaf(n, -kExpC1, x);
+    r = __builtin_fmaf(n, -kExpC2, r);
+    float p = kExpP[0];
+    for (int i = 1; i < 6; ++i) p = __builtin_fmaf(p, r, kExpP[i]);
+    const float y = __builtin_fmaf(p, r * r, r) + 1.f;
+    const int32_t bits = (int32_t(n) + 127) << 23;
+    float s;
+    std::memcpy(&s, &bits, sizeof(s));
+    return y * s;
+}
+
+inline void swiglu_ref(const float* g, const float* u, int64_t rows, int64_t n, const float* gb, const float* ub,
+                       float alpha, float limit, float* out, int64_t ldo) {
+    for (int64_t a = 0; a < rows; ++a)
+        for (int64_t r = 0; r < n; ++r) {
+            float gv = g[a * n + r] + (gb ? gb[r] : 0.f);
+            float uv = u[a * n + r] + (ub ? ub[r] : 0.f);
+            gv = gv > limit ? limit : gv;  // NaN falls through both clamps
+            uv = uv > limit ? limit : (uv < -limit ? -limit : uv);
+            out[a * ldo + r] = gv / (1.f + exp_ref(-alpha * gv)) * (uv + 1.f);
+        }
+}
 
 // The reference quantizer (the scalar set's quantize_q8); SIMD twins must match it bit for bit.
 inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
@@ -184,6 +226,8 @@ void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, c
 void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
              const float* const* xd, int64_t M, float* C, int64_t ldc);
 void quantize_q8(const float* x, int64_t K, int8_t* q, float* d);
+void swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float* gb, const float* ub,
+            float alpha, float limit, float* out, int64_t ldo);
 }  // namespace avx2
 
 namespace scalar {

@@ -734,6 +734,42 @@ void quantize_q8(const float* x, int64_t K, int8_t* q, float* d) {
     }
 }
 
+// ---- SwiGLU: swiglu_ref's operations, 8 lanes at a time (same bits; the tail runs swiglu_ref).
+// Operand order keeps NaN: min/max_ps return their second operand when either is NaN.
+inline __m256 exp8(__m256 x) {
+    const __m256 big = _mm256_cmp_ps(x, _mm256_set1_ps(kExpHi), _CMP_GT_OQ);
+    x = _mm256_max_ps(_mm256_set1_ps(kExpLo), x);
+    x = _mm256_min_ps(_mm256_set1_ps(kExpHi), x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpC1), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpC2), r);
+    __m256 p = _mm256_set1_ps(kExpP[0]);
+    for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP[i]));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
+    const __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+    return _mm256_blendv_ps(_mm256_mul_ps(y, s), _mm256_set1_ps(__builtin_inff()), big);
+}
+
+void swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float* gb, const float* ub,
+            float alpha, float limit, float* out, int64_t ldo) {
+    const __m256 lim = _mm256_set1_ps(limit), nlim = _mm256_set1_ps(-limit), one = _mm256_set1_ps(1.f);
+    const __m256 nalpha = _mm256_set1_ps(-alpha);
+    const int64_t n8 = n / 8 * 8;
+    for (int64_t a = 0; a < rows; ++a) {
+        for (int64_t r = 0; r < n8; r += 8) {
+            __m256 gv = _mm256_add_ps(_mm256_loadu_ps(g + a * n + r), gb ? _mm256_loadu_ps(gb + r) : _mm256_setzero_ps());
+            __m256 uv = _mm256_add_ps(_mm256_loadu_ps(u + a * n + r), ub ? _mm256_loadu_ps(ub + r) : _mm256_setzero_ps());
+            gv = _mm256_min_ps(lim, gv);
+            uv = _mm256_max_ps(nlim, _mm256_min_ps(lim, uv));
+            const __m256 e = exp8(_mm256_mul_ps(nalpha, gv));
+            _mm256_storeu_ps(out + a * ldo + r, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_add_ps(uv, one)));
+        }
+        if (n8 < n)
+            swiglu_ref(g + a * n + n8, u + a * n + n8, 1, n - n8, gb ? gb + n8 : nullptr, ub ? ub + n8 : nullptr,
+                       alpha, limit, out + a * ldo + n8, ldo);
+    }
+}
+
 }  // namespace
 
 namespace avx2 {
@@ -754,10 +790,15 @@ void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K,
     hm::gemm_q8(fmt, w, row_bytes, N, K, xq, xd, M, C, ldc);
 }
 void quantize_q8(const float* x, int64_t K, int8_t* q, float* d) { hm::quantize_q8(x, K, q, d); }
+void swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float* gb, const float* ub,
+            float alpha, float limit, float* out, int64_t ldo) {
+    hm::swiglu(g, u, rows, n, gb, ub, alpha, limit, out, ldo);
+}
 }  // namespace avx2
 
 const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm, avx2::gemv_q8,
-                                avx2::attn_group, avx2::qgemm, avx2::gemm_q8, avx2::quantize_q8};
+                                avx2::attn_group, avx2::qgemm, avx2::gemm_q8, avx2::quantize_q8,
+                                avx2::swiglu};
 
 }  // namespace hm
 #pragma GCC pop_options

@@ -109,7 +109,7 @@ void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_
 
 const KernelSet kAvx512Kernels = {"avx512", prep_x, gemv, decode, avx2::pack_a, avx2::gemm,
                                   avx2::gemv_q8, avx2::attn_group, avx2::qgemm, avx2::gemm_q8,
-                                  avx2::quantize_q8};
+                                  avx2::quantize_q8, avx2::swiglu};
 
 }  // namespace hm
 #pragma GCC pop_options

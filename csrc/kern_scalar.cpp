@@ -161,6 +161,6 @@ void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K,
 }  // namespace
 
 const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, pack_rows, gemm, gemv_q8,
-                                  scalar::attn_group, qgemm, gemm_q8, quantize_x_q8};
+                                  scalar::attn_group, qgemm, gemm_q8, quantize_x_q8, swiglu_ref};
 
 }  // namespace hm

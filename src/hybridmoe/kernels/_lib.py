@@ -37,6 +37,7 @@ _SIGNATURES = {
     "hm_rms_norm": ([_P, _I64, _I64, _P, _F, _P], _I32),
     "hm_read_probe": ([_P, _I64], ctypes.c_uint64),
     "hm_quantize_q8": ([_P, _I64, _P, _P], _I64),
+    "hm_swiglu": ([_P, _P, _I64, _I64, _P, _P, _F, _F, _P, _I64], _I32),
     "hm_attn_decode": ([_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P, _I64, _I64, _I64, _P,
                         _F, _P], _I32),
     "hm_moe_forward": ([_P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I32, _P, _I64, _P, _I64, _P, _I64,
