@@ -345,3 +345,26 @@ def test_synthetic_is_seeded(small_meta):
 def test_synthetic_bad_arguments(args, message):
     with pytest.raises(ValueError, match=message):
         make_vocab(*args)
+
+
+def test_token_bytes_fast_and_slow_paths_and_bad_token(small_meta):
+    """Token bytes come from one array lookup when every token is byte-level; a special token
+    outside the alphabet takes the per-token path (stored raw, UTF-8); a normal one is an error."""
+    fast = Tokenizer.from_metadata(small_meta)
+    ids = range(len(small_meta["tokenizer.ggml.tokens"]))
+    types = small_meta["tokenizer.ggml.token_type"]
+    for i in ids:
+        text = small_meta["tokenizer.ggml.tokens"][i]
+        special = types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+        assert fast.token_bytes(i) == (text.encode("utf-8") if special else byte_level_decode(text))
+    meta = dict(small_meta)
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta["tokenizer.ggml.token_type"])
+    tokens.append("<|\u4e2d|>")
+    types.append(TOKEN_CONTROL)
+    slow = Tokenizer.from_metadata({**meta, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
+    assert slow.token_bytes(len(tokens) - 1) == "<|\u4e2d|>".encode("utf-8")
+    assert all(slow.token_bytes(i) == fast.token_bytes(i) for i in ids)
+    types[-1] = 1  # NORMAL: must be byte-level
+    with pytest.raises(ValueError, match=rf"tokens\[{len(tokens) - 1}\].*byte-level"):
+        Tokenizer.from_metadata({**meta, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
