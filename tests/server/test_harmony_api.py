@@ -139,3 +139,70 @@ def test_system_and_developer_messages_reach_the_prompt(server):
     assert status == 200
     assert "<|start|>developer<|message|># Instructions\n\nAnswer in French." in out["prompt"]
     assert "<|start|>user<|message|>Hi!<|end|>" in out["prompt"]
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+TOOLS2 = TOOLS + [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+
+
+def _prompt_tokens(client, **kw) -> int:
+    return ask(client, "x<|return|>", "auto", **kw).usage.prompt_tokens
+
+
+@pytest.mark.parametrize("choice,forced", [
+    (NAMED, '{"city": "Paris"}<|call|>'),  # header forced up to <|message|>: the model writes the args
+    ("required", '.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'),  # and the name
+])
+def test_tool_choice_forces_a_tool_call(client, server, choice, forced):
+    """tool_choice named / 'required' puts the harmony tool-call header after the prompt's
+    <|start|>assistant, so the reply must be a call; the header's tokens count as prompt tokens."""
+    r = ask(client, forced, "auto", tools=TOOLS2, tool_choice=choice)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    (call,) = c.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert not c.message.content and not c.message.model_extra.get("reasoning_content")
+    header = ("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" if choice == NAMED
+              else "<|channel|>commentary to=functions")
+    _, tok = server.request("POST", "/tokenize", {"content": header})
+    assert r.usage.prompt_tokens == _prompt_tokens(client, tools=TOOLS2) + len(tok["tokens"])
+
+
+def test_tool_choice_named_streams_the_call(client):
+    calls, finish = {}, None
+    for ch in ask(client, '{"city": "Oslo"}<|call|>', "auto", tools=TOOLS2, tool_choice=NAMED, stream=True):
+        if not ch.choices:
+            continue
+        for tc in ch.choices[0].delta.tool_calls or []:
+            e = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            e["name"] += (tc.function.name or "") if tc.function else ""
+            e["arguments"] += (tc.function.arguments or "") if tc.function else ""
+        finish = ch.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and calls == {0: {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+
+
+def test_tool_choice_named_raw_format_shows_the_header(client):
+    r = ask(client, '{"city": "Paris"}<|call|>', tools=TOOLS2, tool_choice=NAMED)  # server default: none
+    assert r.choices[0].message.content == ('<|channel|>commentary to=functions.get_weather <|constrain|>json'
+                                            '<|message|>{"city": "Paris"}')
+
+
+@pytest.mark.parametrize("body,msg", [
+    ({"tool_choice": "required"}, "non-empty 'tools'"),
+    ({"tool_choice": NAMED, "tools": TOOLS2[1:]}, "not in 'tools'"),
+    ({"tool_choice": {"type": "function"}, "tools": TOOLS}, "tool_choice object"),
+    ({"tool_choice": {"type": "function", "function": {"name": ""}}, "tools": TOOLS}, "tool_choice object"),
+])
+def test_tool_choice_errors(server, body, msg):
+    status, out = server.request("POST", "/v1/chat/completions", {"model": "tiny-test", "messages": USER, **body})
+    assert status == 400 and msg in out["error"]["message"], out
+
+
+@pytest.mark.parametrize("fmt,status", [({"type": "text"}, 200), ({"type": "json_object"}, 400),
+                                        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, 400)])
+def test_response_format_text_only(server, fmt, status):
+    body = {"model": "tiny-test", "messages": USER, "max_tokens": 2, "response_format": fmt}
+    got, out = server.request("POST", "/v1/chat/completions", body)
+    assert got == status, out
+    if status == 400:
+        assert "not supported" in out["error"]["message"] and fmt["type"] in out["error"]["message"]

@@ -20,7 +20,9 @@ from hybridmoe.tokenizer.harmony import Event, HarmonyParser
 class ChatView:
     """Accumulates one response; `push` returns the deltas to stream for one engine event."""
 
-    def __init__(self, tokenizer: Any, raw: bool, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Any, raw: bool, stop: Sequence[str] = (), prefix_ids: Sequence[int] = ()) -> None:
+        """prefix_ids: tokens the server put after the prompt's generation header on the model's
+        behalf (a forced tool-call header); they are part of the response, as if generated."""
         self.raw = raw
         self._parser = None if raw else HarmonyParser(tokenizer)
         # The engine cuts stop strings from its raw text; parsed channels need the same cut.
@@ -30,14 +32,23 @@ class ChatView:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._tools: list[dict[str, Any]] = []
+        self._pending: list[dict[str, Any]] = []  # the prefix's deltas, sent with the first push
+        if prefix_ids and raw:
+            text = tokenizer.decode(list(prefix_ids))
+            self._content.append(text)
+            self._pending.append({"content": text})
+        elif prefix_ids:
+            for tid in prefix_ids:
+                for hev in self._parser.push(tid):
+                    self._pending += self._on_harmony(hev)
 
     def push(self, ev: EngineEvent) -> list[dict[str, Any]]:
+        deltas, self._pending = self._pending, []
         if self.raw:
             if ev.text:
                 self._content.append(ev.text)
-                return [{"content": ev.text}]
-            return []
-        deltas: list[dict[str, Any]] = []
+                deltas.append({"content": ev.text})
+            return deltas
         ids = [t for t in (ev.token_id, ev.stop_token_id) if t is not None]
         for tid in ids:
             for hev in self._parser.push(tid):
@@ -57,7 +68,9 @@ class ChatView:
                 call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                         "function": {"name": hev.header.tool_name, "arguments": ""}}
                 self._tools.append(call)
-                return [{"tool_calls": [{"index": len(self._tools) - 1, **call}]}]
+                # A copy: the call's arguments grow in place, and this delta may be sent later.
+                return [{"tool_calls": [{"index": len(self._tools) - 1, **call,
+                                         "function": dict(call["function"])}]}]
             if hev.kind == "delta" and hev.text:
                 self._tools[-1]["function"]["arguments"] += hev.text
                 return [{"tool_calls": [{"index": len(self._tools) - 1, "function": {"arguments": hev.text}}]}]

@@ -168,6 +168,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -182,7 +183,34 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs requires logprobs: true")
         if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {self.tool_choice!r}")
+        rf = self.response_format
+        if rf is not None and rf.get("type", "text") != "text":
+            # Saying so beats returning text the client then fails to parse as JSON.
+            raise ValueError(f"response_format type {rf.get('type')!r} is not supported (no constrained "
+                             "decoding); only 'text'")
+        forced = self.forced_tool()
+        if forced is not None:
+            names = [t.function.name for t in self.tools or []]
+            if not names:
+                raise ValueError("tool_choice 'required' or a named function needs a non-empty 'tools' list")
+            if forced and forced not in names:
+                raise ValueError(f"tool_choice names function {forced!r}, which is not in 'tools' ({names})")
         return self
+
+    def forced_tool(self) -> str | None:
+        """None: the model may answer in text; "": it must call one of the tools ('required');
+        a name: it must call that function. ValueError on a malformed tool_choice object."""
+        tc = self.tool_choice
+        if tc is None or tc in ("none", "auto"):
+            return None
+        if tc == "required":
+            return ""
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if tc.get("type") != "function" or not isinstance(name, str) or not name:
+            raise ValueError('tool_choice object must be {"type": "function", "function": {"name": "..."}}, '
+                             f"got {tc!r}")
+        return name
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -125,6 +125,22 @@ class Serving:
                          kwargs: dict[str, Any] | None) -> list[int]:
         return self.tokenizer.encode(self._render(messages, tools, effort, kwargs), allow_special=True)
 
+    def _forced_tool_prefix(self, req: ChatCompletionRequest, prompt_ids: list[int]) -> list[int]:
+        """tool_choice 'required' / named: the harmony header of a tool call, appended after the
+        prompt's `<|start|>assistant` so the reply is a call (the model writes the arguments, and
+        for 'required' the function name). Skips the analysis channel. [] when not forced."""
+        forced = req.forced_tool()
+        if forced is None:
+            return []
+        start, assistant = self.tokenizer.token_id("<|start|>"), self.tokenizer.encode("assistant", allow_special=False)
+        tail = prompt_ids[-1 - len(assistant):]
+        if self.tokenizer.token_id("<|channel|>") is None or start is None or tail != [start, *assistant]:
+            raise bad_request("tool_choice 'required' or a named function needs a harmony (gpt-oss) chat template "
+                              "whose prompt ends with <|start|>assistant", param="tool_choice")
+        header = f"<|channel|>commentary to=functions.{forced} <|constrain|>json<|message|>" if forced else \
+            "<|channel|>commentary to=functions"
+        return self.tokenizer.encode(header, allow_special=True)
+
     def _sampling(self, req: SamplingFields, n_prompt: int, limit: int | None, logprobs_k: int | None) -> SamplingParams:
         d = self.config.defaults
         room = self.engine.ctx_size_per_slot - n_prompt
@@ -203,9 +219,11 @@ class Serving:
         # Rendering and tokenizing a long conversation takes a while: keep the event loop free.
         ids = await asyncio.to_thread(self._chat_prompt_ids, req.messages, tools, req.reasoning_effort,
                                       req.chat_template_kwargs)
+        prefix = self._forced_tool_prefix(req, ids)
         k = (req.top_logprobs or 0) if req.logprobs else None
         view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none",
-                        stop=req.stop_list())
+                        stop=req.stop_list(), prefix_ids=prefix)
+        ids = ids + prefix
         handle = self._submit(ids, req, req.token_limit(), k)  # last: nothing may fail after it
         head = self._head("chatcmpl")
         if req.stream:
