@@ -198,11 +198,38 @@ def test_tool_choice_errors(server, body, msg):
     assert status == 400 and msg in out["error"]["message"], out
 
 
-@pytest.mark.parametrize("fmt,status", [({"type": "text"}, 200), ({"type": "json_object"}, 400),
-                                        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, 400)])
-def test_response_format_text_only(server, fmt, status):
+@pytest.mark.parametrize("fmt,status", [({"type": "text"}, 200), ({"type": "json_object"}, 200),
+                                        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, 400),
+                                        ({"type": "yaml"}, 400)])
+def test_response_format_kinds(server, fmt, status):
     body = {"model": "tiny-test", "messages": USER, "max_tokens": 2, "response_format": fmt}
     got, out = server.request("POST", "/v1/chat/completions", body)
     assert got == status, out
     if status == 400:
         assert "not supported" in out["error"]["message"] and fmt["type"] in out["error"]["message"]
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_json_mode_output_is_json(client, temperature):
+    """response_format json_object on a random model: the answer (final channel, forced after
+    <|start|>assistant) is a JSON object text, or its valid prefix when max_tokens cut it."""
+    from hybridmoe.engine.json_constraint import JsonState
+
+    r = client.chat.completions.create(model="tiny-test", messages=USER, max_tokens=48, temperature=temperature,
+                                       response_format={"type": "json_object"},
+                                       extra_body={"reasoning_format": "auto"})
+    c = r.choices[0]
+    assert not c.message.model_extra.get("reasoning_content")
+    text = c.message.content
+    assert text and JsonState().feed(text.encode()), text
+    if c.finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    else:
+        assert c.finish_reason == "length" and r.usage.completion_tokens == 48
+
+
+def test_json_mode_and_forced_tool_exclude_each_other(server):
+    body = {"model": "tiny-test", "messages": USER, "tools": TOOLS, "tool_choice": NAMED,
+            "response_format": {"type": "json_object"}}
+    status, out = server.request("POST", "/v1/chat/completions", body)
+    assert status == 400 and "exclude" in out["error"]["message"]

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from hybridmoe.engine.json_constraint import JsonConstraint
 from hybridmoe.engine.sampling import Sampler, SamplingParams, TokenLogprobs
 from hybridmoe.models.gpt_oss import SeqChunk
 from hybridmoe.tokenizer.tokenizer import IncrementalDecoder
@@ -45,6 +46,7 @@ class GenerationRequest:
     # Test hook: these ids replace the sampler's choices in order (the model still runs), so the
     # harmony/tool-call paths can be exercised through a real server with a random model.
     forced_tokens: Sequence[int] | None = None
+    json_mode: bool = False  # sample only tokens that continue a JSON object (then end)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -128,6 +130,8 @@ class _Active:
         self.sampler = Sampler(req.params)
         self.decoder = IncrementalDecoder(tokenizer)
         self.stop_ids = frozenset(req.params.stop_ids) | (frozenset() if req.params.ignore_eos else eog_ids)
+        self.constraint = (JsonConstraint(tokenizer.token_bytes, self.stop_ids, tokenizer.special_ids)
+                           if req.json_mode else None)
         self.pending: list[int] = []  # prompt tokens not yet fed
         self.next_token: int | None = None  # sampled, not yet fed
         self.n_generated = 0
@@ -394,7 +398,9 @@ class Engine:
         if forced is not None and a.n_generated < len(forced):
             token = int(forced[a.n_generated])
         else:
-            token = int(a.sampler.sample(row))
+            token = int(a.sampler.sample(row, a.constraint))
+            if a.constraint is not None:
+                a.constraint.advance(token)
         if a.t_first is None:
             a.t_first = time.perf_counter()
         a.n_generated += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -73,11 +74,33 @@ class Sampler:
             x[probs < p.min_p * probs.max()] = float("-inf")
         return x / p.temperature
 
-    def sample(self, logits: torch.Tensor) -> int:
-        if self.params.temperature <= 0.0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(self.filtered_logits(logits), dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+    def sample(self, logits: torch.Tensor, constraint: Any = None) -> int:
+        """One token; with a `constraint` (allowed(token) -> bool), one it allows: a draw from
+        the filtered distribution restricted to allowed tokens (rejection sampling, up to 16
+        draws), else the most likely allowed token of the whole vocabulary."""
+        if constraint is None:
+            if self.params.temperature <= 0.0:
+                return int(torch.argmax(logits))
+            probs = torch.softmax(self.filtered_logits(logits), dim=-1)
+            return int(torch.multinomial(probs, 1, generator=self.generator))
+        raw = logits.float().cpu()
+        if getattr(constraint, "done", False) and constraint.end_ids:
+            return max(constraint.end_ids, key=lambda t: float(raw[t]))  # complete: end it
+        if self.params.temperature > 0.0:
+            probs = torch.softmax(self.filtered_logits(logits), dim=-1)
+            for _ in range(16):
+                t = int(torch.multinomial(probs, 1, generator=self.generator))
+                if constraint.allowed(t):
+                    return t
+                probs[t] = 0.0
+                if not bool((probs > 0).any()):
+                    break
+        order = torch.argsort(raw, descending=True)
+        for start in range(0, order.numel(), 1024):
+            for t in order[start:start + 1024].tolist():
+                if constraint.allowed(t):
+                    return t
+        raise ValueError("no token of the vocabulary is allowed here")
 
     @staticmethod
     def logprobs(logits: torch.Tensor, token: int, k: int) -> TokenLogprobs:

@@ -183,11 +183,8 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs requires logprobs: true")
         if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {self.tool_choice!r}")
-        rf = self.response_format
-        if rf is not None and rf.get("type", "text") != "text":
-            # Saying so beats returning text the client then fails to parse as JSON.
-            raise ValueError(f"response_format type {rf.get('type')!r} is not supported (no constrained "
-                             "decoding); only 'text'")
+        if self.json_mode() and self.forced_tool() is not None:
+            raise ValueError("response_format json_object and a forced tool_choice exclude each other")
         forced = self.forced_tool()
         if forced is not None:
             names = [t.function.name for t in self.tools or []]
@@ -196,6 +193,16 @@ class ChatCompletionRequest(SamplingFields):
             if forced and forced not in names:
                 raise ValueError(f"tool_choice names function {forced!r}, which is not in 'tools' ({names})")
         return self
+
+    def json_mode(self) -> bool:
+        """True for {"type": "json_object"}; ValueError for formats this server cannot enforce."""
+        rf = self.response_format
+        kind = "text" if rf is None else rf.get("type", "text")
+        if kind not in ("text", "json_object"):
+            # Saying so beats returning text the client then fails to parse.
+            raise ValueError(f"response_format type {kind!r} is not supported (JSON schemas are not "
+                             "enforced); use 'json_object' or 'text'")
+        return kind == "json_object"
 
     def forced_tool(self) -> str | None:
         """None: the model may answer in text; "": it must call one of the tools ('required');

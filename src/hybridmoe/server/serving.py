@@ -125,21 +125,29 @@ class Serving:
                          kwargs: dict[str, Any] | None) -> list[int]:
         return self.tokenizer.encode(self._render(messages, tools, effort, kwargs), allow_special=True)
 
-    def _forced_tool_prefix(self, req: ChatCompletionRequest, prompt_ids: list[int]) -> list[int]:
-        """tool_choice 'required' / named: the harmony header of a tool call, appended after the
-        prompt's `<|start|>assistant` so the reply is a call (the model writes the arguments, and
-        for 'required' the function name). Skips the analysis channel. [] when not forced."""
-        forced = req.forced_tool()
-        if forced is None:
-            return []
+    def _harmony_prompt(self, prompt_ids: list[int]) -> bool:
+        """The rendered prompt ends with harmony's `<|start|>assistant` generation header."""
         start, assistant = self.tokenizer.token_id("<|start|>"), self.tokenizer.encode("assistant", allow_special=False)
-        tail = prompt_ids[-1 - len(assistant):]
-        if self.tokenizer.token_id("<|channel|>") is None or start is None or tail != [start, *assistant]:
-            raise bad_request("tool_choice 'required' or a named function needs a harmony (gpt-oss) chat template "
-                              "whose prompt ends with <|start|>assistant", param="tool_choice")
-        header = f"<|channel|>commentary to=functions.{forced} <|constrain|>json<|message|>" if forced else \
-            "<|channel|>commentary to=functions"
-        return self.tokenizer.encode(header, allow_special=True)
+        return (self.tokenizer.token_id("<|channel|>") is not None and start is not None
+                and prompt_ids[-1 - len(assistant):] == [start, *assistant])
+
+    def _forced_prefix(self, req: ChatCompletionRequest, prompt_ids: list[int]) -> list[int]:
+        """Tokens written after the prompt's `<|start|>assistant` on the model's behalf.
+        tool_choice 'required' / named: a tool call's header, so the reply is a call (the model
+        writes the arguments, and for 'required' the function name). JSON mode on a harmony model:
+        the final channel's header, so the constrained JSON is the answer. Both skip the analysis
+        channel. [] otherwise."""
+        forced = req.forced_tool()
+        if forced is not None:
+            if not self._harmony_prompt(prompt_ids):
+                raise bad_request("tool_choice 'required' or a named function needs a harmony (gpt-oss) chat "
+                                  "template whose prompt ends with <|start|>assistant", param="tool_choice")
+            header = f"<|channel|>commentary to=functions.{forced} <|constrain|>json<|message|>" if forced else \
+                "<|channel|>commentary to=functions"
+            return self.tokenizer.encode(header, allow_special=True)
+        if req.json_mode() and self._harmony_prompt(prompt_ids):
+            return self.tokenizer.encode("<|channel|>final<|message|>", allow_special=True)
+        return []
 
     def _sampling(self, req: SamplingFields, n_prompt: int, limit: int | None, logprobs_k: int | None) -> SamplingParams:
         d = self.config.defaults
@@ -166,7 +174,7 @@ class Serving:
                 "system_fingerprint": f"hybridmoe-{__version__}"}
 
     def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None,
-                logprobs_k: int | None) -> RequestHandle:
+                logprobs_k: int | None, json_mode: bool = False) -> RequestHandle:
         n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
@@ -179,6 +187,7 @@ class Serving:
             stop=req.stop_list(),
             logprobs=logprobs_k,
             forced_tokens=self._forced(req),
+            json_mode=json_mode,
         )
         try:
             return self.engine.submit(gen, loop=asyncio.get_running_loop())
@@ -219,12 +228,13 @@ class Serving:
         # Rendering and tokenizing a long conversation takes a while: keep the event loop free.
         ids = await asyncio.to_thread(self._chat_prompt_ids, req.messages, tools, req.reasoning_effort,
                                       req.chat_template_kwargs)
-        prefix = self._forced_tool_prefix(req, ids)
+        prefix = self._forced_prefix(req, ids)
         k = (req.top_logprobs or 0) if req.logprobs else None
         view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none",
                         stop=req.stop_list(), prefix_ids=prefix)
         ids = ids + prefix
-        handle = self._submit(ids, req, req.token_limit(), k)  # last: nothing may fail after it
+        # Last: nothing may fail after the submit.
+        handle = self._submit(ids, req, req.token_limit(), k, json_mode=req.json_mode())
         head = self._head("chatcmpl")
         if req.stream:
             return self._chat_stream(handle, view, head, _include_usage(req))

@@ -1,0 +1,122 @@
+"""JSON mode: the byte-level JSON recognizer and the constrained sampler."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from hybridmoe.engine.json_constraint import JsonConstraint, JsonState
+from hybridmoe.engine.sampling import Sampler, SamplingParams
+
+
+def _feeds(text: str, rng: random.Random) -> bool:
+    """Feed `text` in random pieces; True if every piece was accepted."""
+    s, data, i = JsonState(), text.encode("utf-8"), 0
+    while i < len(data):
+        n = rng.randint(1, 5)
+        if not s.feed(data[i:i + n]):
+            return False
+        i += n
+    return s.done
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(7 if depth < 3 else 5)
+    if kind == 0:
+        return rng.choice([True, False, None])
+    if kind == 1:
+        return rng.randint(-10**6, 10**6)
+    if kind == 2:
+        return rng.choice([0.5, -1e-7, 3.25e12, 1e300, -0.0])
+    if kind in (3, 4):
+        return "".join(rng.choice('ab"\\\n\t\u00e9\u4e2d\U0001f642 /') for _ in range(rng.randrange(6)))
+    if kind == 5:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {f"k{i}": _random_value(rng, depth + 1) for i in range(rng.randrange(4))}
+
+
+def test_accepts_valid_objects_in_any_split():
+    rng = random.Random()
+    for _ in range(300):
+        doc = {f"k{i}": _random_value(rng) for i in range(rng.randrange(5))}
+        text = json.dumps(doc, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 1, 2]),
+                          separators=rng.choice([None, (",", ":")]) if True else None)
+        assert _feeds(" \n" + text + "\n ", rng), text
+
+
+@pytest.mark.parametrize("text", [
+    "[1]", '"a"', "1", "{", '{"a":01}', '{"a":1,}', "{,}", '{"a" 1}', '{"a":tru}', '{"a":"\x01"}',
+    '{"a":"\\q"}', '{"a":"\\u12G4"}', "{} x", '{"a":-}', '{"a":1.}', '{"a":1e}', '{"a":[1,]}', "{'a':1}",
+    '{"a":.5}', '{"a":+1}', '{"a"}', "{}}", '{"a":[}', '{"a":1]}',
+])
+def test_rejects_invalid_or_incomplete(text):
+    s = JsonState()
+    assert not (s.feed(text.encode()) and s.done), text
+
+
+def _byte_vocab() -> tuple[list[bytes], int]:
+    """A toy vocabulary: every single byte, some multi-byte pieces, and an end token (last id)."""
+    toks = [bytes([b]) for b in range(256)] + [b'{"', b'": ', b'", "', b"}}", b"true", b"12", b" ]", b"\\u00"]
+    return toks, len(toks)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sampler_only_extends_valid_json(temperature):
+    """With random logits (the model wants anything), every constrained step stays a valid JSON
+    prefix; when the object closes, the end token comes next."""
+    toks, end = _byte_vocab()
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    for trial in range(8):
+        c = JsonConstraint(lambda t: toks[t], [end], special_ids=[])
+        s = Sampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=trial))
+        out = b""
+        for _ in range(400):
+            logits = torch.randn(end + 1, generator=gen) * 4
+            logits[end] += 6  # the end token is likely: the constraint must hold it back
+            t = s.sample(logits, c)
+            if t == end:
+                break
+            c.advance(t)
+            out += toks[t]
+            assert JsonState().feed(out)
+        else:
+            assert not c.done  # ran out of steps with the object still open
+            continue
+        assert c.done and isinstance(json.loads(out), dict), out
+
+
+def test_constraint_refuses_specials_and_early_end():
+    toks, end = _byte_vocab()
+    c = JsonConstraint(lambda t: toks[t], [end], special_ids=[300])
+    assert not c.allowed(end) and not c.allowed(300) and c.allowed(ord("{")) and not c.allowed(ord("["))
+    for t in b"{}":
+        c.advance(t)
+    assert c.done and c.allowed(end) and c.allowed(ord(" ")) and not c.allowed(ord("x"))
+    with pytest.raises(ValueError):
+        c.advance(ord("x"))
+
+
+@pytest.mark.parametrize("data", [b'{"a":"\xff"}', b'{"a":"\xc0\xaf"}', b'{"a":"\xed\xa0\x80"}', b'{"a":"\xe2\x82"}',
+                                  b'{"a":"\xf4\x90\x80\x80"}', b'{"a":"\xf0\x8f\xbf\xbf"}', b'{"\xe9":1}'])
+def test_rejects_malformed_utf8_in_strings(data):
+    s = JsonState()
+    assert not (s.feed(data) and s.done), data
+
+
+def test_utf8_split_across_pieces():
+    s = JsonState()
+    for piece in [b'{"', "é".encode()[:1], "é".encode()[1:], "🙂".encode()[:3], "🙂".encode()[3:], b'":1}']:
+        assert s.feed(piece)
+    assert s.done
+
+
+def test_whitespace_runs_are_capped():
+    from hybridmoe.engine.json_constraint import MAX_WS
+
+    s = JsonState()
+    assert s.feed(b"{" + b"\n" * MAX_WS + b'"a":' + b" " * MAX_WS + b"1}")
+    assert not JsonState().feed(b"{" + b"\n" * (MAX_WS + 1))
+    assert JsonState().feed(b'{"a":"' + b" " * 100 + b'"}')  # inside strings: no cap
