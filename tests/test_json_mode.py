@@ -120,3 +120,104 @@ def test_whitespace_runs_are_capped():
     assert s.feed(b"{" + b"\n" * MAX_WS + b'"a":' + b" " * MAX_WS + b"1}")
     assert not JsonState().feed(b"{" + b"\n" * (MAX_WS + 1))
     assert JsonState().feed(b'{"a":"' + b" " * 100 + b'"}')  # inside strings: no cap
+
+
+# ---------- schemas ----------
+from hybridmoe.engine.json_schema import SchemaError, SchemaState, compile_schema  # noqa: E402
+
+PERSON = {"type": "object",
+          "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                         "tags": {"type": "array", "items": {"enum": ["a", "b", 3]}, "maxItems": 2},
+                         "kid": {"anyOf": [{"$ref": "#/$defs/p"}, {"type": "null"}]},
+                         "ok": {"type": "boolean"}, "x": {"type": ["number", "string"]}},
+          "required": ["name", "age"],
+          "$defs": {"p": {"type": "object", "properties": {"x": {"type": "number"}}}}}
+TREE = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {
+    "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}}}
+
+
+def _admits(schema: dict, text: str) -> bool:
+    s = SchemaState(compile_schema(schema))
+    return s.feed(text.encode()) and s.done
+
+
+@pytest.mark.parametrize("text", [
+    '{"name":"A","age":3}', '{ "age": -3, "name": "\\u00e9\\n" }', '{"name":"A","age":3,"tags":["a",3],"kid":{"x":1.5e3}}',
+    '{"name":"A","age":3,"kid":null,"ok":false,"x":"s"}', '{"name":"A","age":0,"kid":{},"x":-0.5}', '{"age":1,"name":""}',
+])
+def test_schema_admits(text):
+    assert _admits(PERSON, text)
+    assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("text", [
+    '{"name":"A"}', '{"name":"A","age":3.5}', '{"name":1,"age":3}', '{"name":"A","age":3,"y":1}',
+    '{"name":"A","age":3,"tags":["c"]}', '{"name":"A","age":3,"tags":["a","b","a"]}', '{"name":"A","name":"B","age":3}',
+    '{"name":"A","age":3,"kid":{"y":1}}', '[1]', '{"name":"A","age":3,"ok":1}', '{"name":"A","age":3,"x":true}',
+    '{"name":"A","age":03}', '{"name":"A","age":3,}', '{"name":"A","age":3,"tags":["a",]}',
+])
+def test_schema_rejects(text):
+    assert not _admits(PERSON, text)
+
+
+def test_recursive_schema():
+    assert _admits(TREE, '{"v":1,"kids":[{"v":2,"kids":[]},{"v":3,"kids":[{"v":4}]}]}')
+    assert not _admits(TREE, '{"v":1,"kids":[{"kids":[]}]}')  # a nested node without its "v"
+
+
+@pytest.mark.parametrize("schema,msg", [
+    ({"type": "string"}, "root"), ({}, "root"), ({"$ref": "#/$defs/missing"}, "unknown"),
+    ({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}, "start alike"),
+    ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "required"),
+    ({"type": "object", "properties": {'q"': {}}}, "escapes"), ({"type": "tuple"}, "unsupported type"),
+])
+def test_schema_errors(schema, msg):
+    with pytest.raises(SchemaError, match=msg):
+        compile_schema(schema)
+
+
+def _conforming(rng: random.Random) -> dict:
+    doc = {"name": rng.choice(["", "Ann", "é\"\\", "🙂"]), "age": rng.randint(-99, 99)}
+    if rng.random() < 0.5:
+        doc["tags"] = rng.sample(["a", "b", 3], rng.randint(0, 2))
+    if rng.random() < 0.5:
+        doc["kid"] = None if rng.random() < 0.5 else ({"x": rng.uniform(-1e3, 1e3)} if rng.random() < 0.5 else {})
+    if rng.random() < 0.5:
+        doc["x"] = rng.choice([1.25, -7, "s"])
+    keys = list(doc)
+    rng.shuffle(keys)
+    return {k: doc[k] for k in keys}
+
+
+def test_schema_admits_fuzzed_conforming_documents():
+    rng = random.Random()
+    for _ in range(200):
+        text = json.dumps(_conforming(rng), ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 2]))
+        assert _admits(PERSON, text), text
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sampler_follows_the_schema(temperature):
+    toks, end = _byte_vocab()
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    root = compile_schema(PERSON)
+    finished = 0
+    for trial in range(8):
+        c = JsonConstraint(lambda t: toks[t], [end], special_ids=[], state=SchemaState(root))
+        s = Sampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=trial))
+        out = b""
+        for _ in range(300):
+            logits = torch.randn(end + 1, generator=gen) * 4
+            logits[end] += 6
+            t = s.sample(logits, c)
+            if t == end:
+                break
+            c.advance(t)
+            out += toks[t]
+        if c.done:
+            finished += 1
+            v = json.loads(out)
+            assert {"name", "age"} <= set(v) <= set(PERSON["properties"]) and isinstance(v["age"], int), out
+        else:
+            assert SchemaState(root).feed(out)
+    assert finished >= 1  # random walks close the object most of the time (~85% of trials)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from hybridmoe.engine.json_constraint import JsonConstraint
+from hybridmoe.engine.json_schema import SchemaState
 from hybridmoe.engine.sampling import Sampler, SamplingParams, TokenLogprobs
 from hybridmoe.models.gpt_oss import SeqChunk
 from hybridmoe.tokenizer.tokenizer import IncrementalDecoder
@@ -47,6 +48,7 @@ class GenerationRequest:
     # harmony/tool-call paths can be exercised through a real server with a random model.
     forced_tokens: Sequence[int] | None = None
     json_mode: bool = False  # sample only tokens that continue a JSON object (then end)
+    json_schema: dict | None = None  # json_schema.compile_schema's output: JSON mode for that schema
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -130,8 +132,10 @@ class _Active:
         self.sampler = Sampler(req.params)
         self.decoder = IncrementalDecoder(tokenizer)
         self.stop_ids = frozenset(req.params.stop_ids) | (frozenset() if req.params.ignore_eos else eog_ids)
-        self.constraint = (JsonConstraint(tokenizer.token_bytes, self.stop_ids, tokenizer.special_ids)
-                           if req.json_mode else None)
+        self.constraint = None
+        if req.json_mode or req.json_schema is not None:
+            state = SchemaState(req.json_schema) if req.json_schema is not None else None
+            self.constraint = JsonConstraint(tokenizer.token_bytes, self.stop_ids, tokenizer.special_ids, state)
         self.pending: list[int] = []  # prompt tokens not yet fed
         self.next_token: int | None = None  # sampled, not yet fed
         self.n_generated = 0

@@ -12,6 +12,7 @@ between tokens are capped (MAX_WS bytes) so a model cannot stall in an endless r
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 _WS = frozenset(b" \t\n\r")
 MAX_WS = 32
@@ -196,15 +197,18 @@ class JsonState:
 
 
 class JsonConstraint:
-    """Per-request JSON mode for the sampler: `allowed(token)` for candidates, `advance(token)`
+    """Per-request JSON mode (with or without a schema) for the sampler: `allowed(token)` for candidates, `advance(token)`
     for the chosen one. End-of-generation tokens are allowed exactly when the object is complete;
     other special tokens never are."""
 
-    def __init__(self, token_bytes: Callable[[int], bytes], end_ids: Iterable[int], special_ids: Iterable[int]):
+    def __init__(self, token_bytes: Callable[[int], bytes], end_ids: Iterable[int], special_ids: Iterable[int],
+                 state: Any = None):
+        """state: the recognizer (feed / copy / done): a JsonState (any object) by default, or a
+        json_schema.SchemaState."""
         self._bytes = token_bytes
         self.end_ids = frozenset(end_ids)
         self._special = frozenset(special_ids)
-        self.state = JsonState()
+        self.state = JsonState() if state is None else state
 
     @property
     def done(self) -> bool:

@@ -183,6 +183,7 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs requires logprobs: true")
         if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {self.tool_choice!r}")
+        self.compiled_schema()  # a schema it cannot enforce: 400 now
         if self.json_mode() and self.forced_tool() is not None:
             raise ValueError("response_format json_object and a forced tool_choice exclude each other")
         forced = self.forced_tool()
@@ -195,14 +196,30 @@ class ChatCompletionRequest(SamplingFields):
         return self
 
     def json_mode(self) -> bool:
-        """True for {"type": "json_object"}; ValueError for formats this server cannot enforce."""
+        """True for {"type": "json_object"} or "json_schema"; ValueError for other formats."""
         rf = self.response_format
         kind = "text" if rf is None else rf.get("type", "text")
-        if kind not in ("text", "json_object"):
-            # Saying so beats returning text the client then fails to parse.
-            raise ValueError(f"response_format type {kind!r} is not supported (JSON schemas are not "
-                             "enforced); use 'json_object' or 'text'")
-        return kind == "json_object"
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError(f"response_format type {kind!r} is not supported; use 'text', 'json_object' "
+                             "or 'json_schema'")
+        return kind != "text"
+
+    def compiled_schema(self) -> dict | None:
+        """The json_schema format's schema compiled for the sampler (None without one); llama-server's
+        {"type": "json_object", "schema": {...}} is accepted too. ValueError when unsupported."""
+        rf = self.response_format or {}
+        if rf.get("type") == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+                raise ValueError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
+            schema = js["schema"]
+        elif rf.get("type") == "json_object" and isinstance(rf.get("schema"), dict):
+            schema = rf["schema"]
+        else:
+            return None
+        from hybridmoe.engine.json_schema import compile_schema
+
+        return compile_schema(schema)  # SchemaError is a ValueError
 
     def forced_tool(self) -> str | None:
         """None: the model may answer in text; "": it must call one of the tools ('required');

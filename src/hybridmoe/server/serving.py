@@ -174,7 +174,7 @@ class Serving:
                 "system_fingerprint": f"hybridmoe-{__version__}"}
 
     def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None,
-                logprobs_k: int | None, json_mode: bool = False) -> RequestHandle:
+                logprobs_k: int | None, json_mode: bool = False, schema: dict | None = None) -> RequestHandle:
         n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
@@ -188,6 +188,7 @@ class Serving:
             logprobs=logprobs_k,
             forced_tokens=self._forced(req),
             json_mode=json_mode,
+            json_schema=schema,
         )
         try:
             return self.engine.submit(gen, loop=asyncio.get_running_loop())
@@ -234,7 +235,7 @@ class Serving:
                         stop=req.stop_list(), prefix_ids=prefix)
         ids = ids + prefix
         # Last: nothing may fail after the submit.
-        handle = self._submit(ids, req, req.token_limit(), k, json_mode=req.json_mode())
+        handle = self._submit(ids, req, req.token_limit(), k, json_mode=req.json_mode(), schema=req.compiled_schema())
         head = self._head("chatcmpl")
         if req.stream:
             return self._chat_stream(handle, view, head, _include_usage(req))
