@@ -8,13 +8,14 @@ import random
 import pytest
 import torch
 
-from hybridmoe.engine.json_constraint import JsonConstraint, JsonState
+from hybridmoe.engine.json_constraint import JsonConstraint
+from hybridmoe.engine.json_schema import MAX_WS, SchemaError, SchemaState, compile_schema, object_state
 from hybridmoe.engine.sampling import Sampler, SamplingParams
 
 
 def _feeds(text: str, rng: random.Random) -> bool:
     """Feed `text` in random pieces; True if every piece was accepted."""
-    s, data, i = JsonState(), text.encode("utf-8"), 0
+    s, data, i = object_state(), text.encode("utf-8"), 0
     while i < len(data):
         n = rng.randint(1, 5)
         if not s.feed(data[i:i + n]):
@@ -53,7 +54,7 @@ def test_accepts_valid_objects_in_any_split():
     '{"a":.5}', '{"a":+1}', '{"a"}', "{}}", '{"a":[}', '{"a":1]}',
 ])
 def test_rejects_invalid_or_incomplete(text):
-    s = JsonState()
+    s = object_state()
     assert not (s.feed(text.encode()) and s.done), text
 
 
@@ -81,7 +82,7 @@ def test_sampler_only_extends_valid_json(temperature):
                 break
             c.advance(t)
             out += toks[t]
-            assert JsonState().feed(out)
+            assert object_state().feed(out)
         else:
             assert not c.done  # ran out of steps with the object still open
             continue
@@ -102,28 +103,25 @@ def test_constraint_refuses_specials_and_early_end():
 @pytest.mark.parametrize("data", [b'{"a":"\xff"}', b'{"a":"\xc0\xaf"}', b'{"a":"\xed\xa0\x80"}', b'{"a":"\xe2\x82"}',
                                   b'{"a":"\xf4\x90\x80\x80"}', b'{"a":"\xf0\x8f\xbf\xbf"}', b'{"\xe9":1}'])
 def test_rejects_malformed_utf8_in_strings(data):
-    s = JsonState()
+    s = object_state()
     assert not (s.feed(data) and s.done), data
 
 
 def test_utf8_split_across_pieces():
-    s = JsonState()
+    s = object_state()
     for piece in [b'{"', "é".encode()[:1], "é".encode()[1:], "🙂".encode()[:3], "🙂".encode()[3:], b'":1}']:
         assert s.feed(piece)
     assert s.done
 
 
 def test_whitespace_runs_are_capped():
-    from hybridmoe.engine.json_constraint import MAX_WS
-
-    s = JsonState()
+    s = object_state()
     assert s.feed(b"{" + b"\n" * MAX_WS + b'"a":' + b" " * MAX_WS + b"1}")
-    assert not JsonState().feed(b"{" + b"\n" * (MAX_WS + 1))
-    assert JsonState().feed(b'{"a":"' + b" " * 100 + b'"}')  # inside strings: no cap
+    assert not object_state().feed(b"{" + b"\n" * (MAX_WS + 1))
+    assert object_state().feed(b'{"a":"' + b" " * 100 + b'"}')  # inside strings: no cap
 
 
 # ---------- schemas ----------
-from hybridmoe.engine.json_schema import SchemaError, SchemaState, compile_schema  # noqa: E402
 
 PERSON = {"type": "object",
           "properties": {"name": {"type": "string"}, "age": {"type": "integer"},

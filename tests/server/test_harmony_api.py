@@ -243,7 +243,7 @@ def test_json_schema_output_follows_the_schema(client):
 def test_json_mode_output_is_json(client, temperature):
     """response_format json_object on a random model: the answer (final channel, forced after
     <|start|>assistant) is a JSON object text, or its valid prefix when max_tokens cut it."""
-    from hybridmoe.engine.json_constraint import JsonState
+    from hybridmoe.engine.json_schema import object_state
 
     r = client.chat.completions.create(model="tiny-test", messages=USER, max_tokens=48, temperature=temperature,
                                        response_format={"type": "json_object"},
@@ -251,7 +251,7 @@ def test_json_mode_output_is_json(client, temperature):
     c = r.choices[0]
     assert not c.message.model_extra.get("reasoning_content")
     text = c.message.content
-    assert text and JsonState().feed(text.encode()), text
+    assert text and object_state().feed(text.encode()), text
     if c.finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
     else:

@@ -7,6 +7,8 @@ Enforced: `type` (one or a list), `properties` / `required` / `additionalPropert
 An object with `properties` and no `additionalProperties` admits no other keys (structured-output
 intent). Not enforced (accepted, ignored): `pattern`, `format`, lengths and numeric ranges.
 The root must be an object or an array. Unsupported constructs raise SchemaError.
+`object_state()` recognizes any JSON object (plain JSON mode). Strings must be well-formed UTF-8
+(a character may be split across tokens); whitespace runs between tokens are capped (MAX_WS).
 """
 
 from __future__ import annotations
@@ -14,15 +16,52 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hybridmoe.engine.json_constraint import MAX_WS
 
 _WS = frozenset(b" \t\n\r")
 _DIGITS = frozenset(b"0123456789")
+MAX_WS = 32  # longest whitespace run between tokens: a model cannot stall in endless newlines
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _ESCAPES = frozenset(b'"\\/bfnrtu')
 _START = {"object": b"{", "array": b"[", "string": b'"', "number": b"-0123456789", "integer": b"-0123456789",
           "boolean": b"tf", "null": b"n"}
 _PRIMITIVE = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+NUMBER_ENDS = ("zero", "int", "frac", "exp")  # number parts after which the number may end
+
+
+def number_start(b: int) -> str:
+    """The number part after its first byte (`-` or a digit)."""
+    return "sign" if b == 0x2D else "zero" if b == 0x30 else "int"
+
+
+def number_next(part: str, b: int, integer: bool = False) -> str | None:
+    """The number part after byte b, or None when b cannot continue the number."""
+    digit = b in _DIGITS
+    if part == "sign":
+        return ("zero" if b == 0x30 else "int") if digit else None
+    if part in ("zero", "int"):
+        if digit:
+            return "int" if part == "int" else None  # no leading zeros
+        if integer:
+            return None
+        return "dot" if b == 0x2E else "e" if b in b"eE" else None
+    if part in ("dot", "frac"):
+        return "frac" if digit else "e" if part == "frac" and b in b"eE" else None
+    if part == "e":
+        return "exp" if digit else "esign" if b in b"+-" else None
+    return "exp" if digit else None  # esign, exp
+
+
+def utf8_lead(b: int) -> tuple[int, int, int] | None:
+    """(continuation bytes due, lowest, highest allowed next byte) for a multi-byte character's
+    first byte; None for bytes that cannot start one (no overlongs, surrogates, > U+10FFFF)."""
+    if 0xC2 <= b <= 0xDF:
+        return 1, 0x80, 0xBF
+    if 0xE0 <= b <= 0xEF:
+        return (2, *((0xA0, 0xBF) if b == 0xE0 else (0x80, 0x9F) if b == 0xED else (0x80, 0xBF)))
+    if 0xF0 <= b <= 0xF4:
+        return (3, *((0x90, 0xBF) if b == 0xF0 else (0x80, 0x8F) if b == 0xF4 else (0x80, 0xBF)))
+    return None
 
 
 class SchemaError(ValueError):
@@ -131,7 +170,8 @@ _CONSUMED, _REJECT, _POP = 0, 1, 2
 
 
 class SchemaState:
-    """Recognizer for one compiled schema: `feed(bytes)`, `done`, `copy()` (as JsonState)."""
+    """Recognizer for one compiled schema: `feed(bytes)` (False at the first byte the schema
+    does not admit; the state is then undefined), `done`, `copy()`."""
 
     __slots__ = ("stack", "ws", "started")
 
@@ -142,7 +182,8 @@ class SchemaState:
 
     def copy(self) -> SchemaState:
         s = SchemaState.__new__(SchemaState)
-        s.stack = [list(f) for f in self.stack]
+        # Frames hold ints, bytes, frozensets, shared schema nodes, and (keys) a nested lexer list.
+        s.stack = [[list(x) if type(x) is list else x for x in f] for f in self.stack]
         s.ws, s.started = self.ws, self.started
         return s
 
@@ -203,7 +244,7 @@ class SchemaState:
         elif k == "string":
             self.stack[-1] = ["string", 0, 0x80, 0xBF, 0]  # [kind, utf8 due, lo, hi, hex due]
         else:
-            self.stack[-1] = ["number", k == "integer", "sign" if b == 0x2D else "zero" if b == 0x30 else "int"]
+            self.stack[-1] = ["number", k == "integer", number_start(b)]
         return _CONSUMED
 
     def _literal(self, f: list, b: int) -> int:
@@ -214,25 +255,11 @@ class SchemaState:
         return _POP if f[2] in f[1] else _REJECT
 
     def _number(self, f: list, b: int) -> int:
-        s, digit, integer = f[2], b in _DIGITS, f[1]
-        nxt = None
-        if s == "sign":
-            nxt = ("zero" if b == 0x30 else "int") if digit else None
-        elif s in ("zero", "int"):
-            if digit:
-                nxt = "int" if s == "int" else None
-            elif not integer:
-                nxt = "dot" if b == 0x2E else "e" if b in b"eE" else None
-        elif s in ("dot", "frac"):
-            nxt = "frac" if digit else "e" if s == "frac" and b in b"eE" else None
-        elif s == "e":
-            nxt = "exp" if digit else "esign" if b in b"+-" else None
-        else:  # esign, exp
-            nxt = "exp" if digit else None
+        nxt = number_next(f[2], b, integer=f[1])
         if nxt is not None:
             f[2] = nxt
             return _CONSUMED
-        return _POP if s in ("zero", "int", "frac", "exp") else _REJECT
+        return _POP if f[2] in NUMBER_ENDS else _REJECT
 
     def _string(self, f: list, b: int) -> int:
         """String body after the opening quote; the closing quote ends (pops) it."""
@@ -353,14 +380,13 @@ def _string_byte(f: list, b: int) -> bool | str:
         return False
     if b < 0x80:
         return True
-    if 0xC2 <= b <= 0xDF:
-        f[1] = 1
-    elif 0xE0 <= b <= 0xEF:
-        f[1] = 2
-        f[2], f[3] = (0xA0, 0xBF) if b == 0xE0 else (0x80, 0x9F) if b == 0xED else (0x80, 0xBF)
-    elif 0xF0 <= b <= 0xF4:
-        f[1] = 3
-        f[2], f[3] = (0x90, 0xBF) if b == 0xF0 else (0x80, 0x8F) if b == 0xF4 else (0x80, 0xBF)
-    else:
+    lead = utf8_lead(b)
+    if lead is None:
         return False
+    f[1], f[2], f[3] = lead
     return True
+
+
+def object_state() -> SchemaState:
+    """A recognizer of any JSON object text (OpenAI's JSON mode)."""
+    return SchemaState(compile_schema({"type": "object"}))
