@@ -219,3 +219,27 @@ def test_sampler_follows_the_schema(temperature):
         else:
             assert SchemaState(root).feed(out)
     assert finished >= 1  # random walks close the object most of the time (~85% of trials)
+
+
+def test_first_byte_index_fallback_picks_what_the_full_scan_picks():
+    """The fallback's first-byte shortcut (candidates()) changes the cost, not the choice: greedy
+    sampling with and without the index gives the same tokens; candidates cover every allowed one."""
+    from hybridmoe.engine.json_constraint import FirstByteIndex
+
+    toks, end = _byte_vocab()
+    index = FirstByteIndex(lambda t: toks[t] if t < end else b"", end + 1, special_ids=[end])
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    root = compile_schema(PERSON)
+    with_idx = JsonConstraint(lambda t: toks[t], [end], [], state=SchemaState(root), index=index)
+    without = JsonConstraint(lambda t: toks[t], [end], [], state=SchemaState(root))
+    s = Sampler(SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0))
+    for _ in range(200):
+        cand = set(with_idx.candidates().tolist())
+        assert {t for t in range(end) if with_idx.allowed(t)} <= cand
+        logits = torch.randn(end + 1, generator=gen)
+        a, b = s.sample(logits, with_idx), s.sample(logits, without)
+        assert a == b
+        if a == end:
+            break
+        with_idx.advance(a)
+        without.advance(b)

@@ -95,7 +95,11 @@ class Sampler:
                 probs[t] = 0.0
                 if not bool((probs > 0).any()):
                     break
-        order = torch.argsort(raw, descending=True)
+        cand = constraint.candidates() if hasattr(constraint, "candidates") else None
+        if cand is None:
+            order = torch.argsort(raw, descending=True)
+        else:  # only tokens whose first byte fits: far fewer to check on a 201k vocabulary
+            order = cand[torch.argsort(raw[cand], descending=True)]
         for start in range(0, order.numel(), 1024):
             for t in order[start:start + 1024].tolist():
                 if constraint.allowed(t):
