@@ -243,3 +243,11 @@ def test_first_byte_index_fallback_picks_what_the_full_scan_picks():
             break
         with_idx.advance(a)
         without.advance(b)
+
+
+def test_absurdly_deep_schema_is_a_schema_error():
+    deep: dict = {"type": "object"}
+    for _ in range(5000):
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(SchemaError, match="too deeply"):
+        compile_schema(deep)

@@ -75,7 +75,10 @@ def compile_schema(schema: Any) -> dict:
         raise SchemaError("the schema must be a JSON object")
     defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
     memo: dict[str, dict] = {}
-    root = _compile(schema, defs, memo)
+    try:
+        root = _compile(schema, defs, memo)
+    except RecursionError:
+        raise SchemaError("the schema is nested too deeply") from None
     if _first_bytes(root, set()) - set(b"{["):
         raise SchemaError("the schema's root must be an object or an array")
     return root
