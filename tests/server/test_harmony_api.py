@@ -258,8 +258,9 @@ def test_json_mode_output_is_json(client, temperature):
         assert c.finish_reason == "length" and r.usage.completion_tokens == 48
 
 
-def test_json_mode_and_forced_tool_exclude_each_other(server):
-    body = {"model": "tiny-test", "messages": USER, "tools": TOOLS, "tool_choice": NAMED,
-            "response_format": {"type": "json_object"}}
+@pytest.mark.parametrize("extra,msg", [({"tools": TOOLS, "tool_choice": NAMED}, "exclude"),
+                                       ({"ignore_eos": True}, "ignore_eos")])
+def test_json_mode_conflicts(server, extra, msg):
+    body = {"model": "tiny-test", "messages": USER, "response_format": {"type": "json_object"}, **extra}
     status, out = server.request("POST", "/v1/chat/completions", body)
-    assert status == 400 and "exclude" in out["error"]["message"]
+    assert status == 400 and msg in out["error"]["message"], out

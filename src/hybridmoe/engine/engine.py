@@ -413,9 +413,14 @@ class Engine:
         if forced is not None and a.n_generated < len(forced):
             token = int(forced[a.n_generated])
         else:
-            token = int(a.sampler.sample(row, a.constraint))
-            if a.constraint is not None:
-                a.constraint.advance(token)
+            try:
+                token = int(a.sampler.sample(row, a.constraint))
+                if a.constraint is not None:
+                    a.constraint.advance(token)
+            except ValueError as e:  # a constraint with nothing left to allow: this request only
+                log.exception("sampling failed for request %s", req.request_id)
+                self._finish(slot, "error", error=f"sampling: {e}")
+                return
         if a.t_first is None:
             a.t_first = time.perf_counter()
         a.n_generated += 1

@@ -184,6 +184,8 @@ class ChatCompletionRequest(SamplingFields):
         if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {self.tool_choice!r}")
         self.compiled_schema()  # a schema it cannot enforce: 400 now
+        if self.json_mode() and self.ignore_eos:
+            raise ValueError("response_format JSON modes end the reply when the JSON closes; ignore_eos contradicts that")
         if self.json_mode() and self.forced_tool() is not None:
             raise ValueError("response_format json_object and a forced tool_choice exclude each other")
         forced = self.forced_tool()
