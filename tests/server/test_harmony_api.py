@@ -264,3 +264,26 @@ def test_json_mode_conflicts(server, extra, msg):
     body = {"model": "tiny-test", "messages": USER, "response_format": {"type": "json_object"}, **extra}
     status, out = server.request("POST", "/v1/chat/completions", body)
     assert status == 400 and msg in out["error"]["message"], out
+
+
+def test_named_tool_call_arguments_follow_the_parameter_schema(client):
+    """tool_choice named, sampled from a random model: the arguments are constrained by the
+    function's parameters (here one required enum), and the call ends with <|call|>."""
+    tools = [{"type": "function", "function": {"name": "set_unit", "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["C", "F"]}}, "required": ["unit"],
+        "additionalProperties": False}}}]
+    named = {"type": "function", "function": {"name": "set_unit"}}
+    done, args = 0, []
+    for seed in range(3):
+        r = client.chat.completions.create(model="tiny-test", messages=USER, max_tokens=200, temperature=1.0,
+                                           seed=seed, tools=tools, tool_choice=named,
+                                           extra_body={"reasoning_format": "auto"})
+        c = r.choices[0]
+        (call,) = c.message.tool_calls
+        assert call.function.name == "set_unit"
+        if c.finish_reason == "tool_calls":
+            assert json.loads(call.function.arguments) in ({"unit": "C"}, {"unit": "F"})
+            done += 1
+            args.append(call.function.arguments)
+    assert done >= 1, done
+    assert len(set(args)) > 1 or done < 2, args  # seeds differ: so do the samples

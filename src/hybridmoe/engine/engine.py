@@ -49,6 +49,7 @@ class GenerationRequest:
     forced_tokens: Sequence[int] | None = None
     json_mode: bool = False  # sample only tokens that continue a JSON object (then end)
     json_schema: dict | None = None  # json_schema.compile_schema's output: JSON mode for that schema
+    json_end_ids: Sequence[int] | None = None  # JSON mode ends with one of these (default: the stop ids)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -136,8 +137,8 @@ class _Active:
         self.constraint = None
         if req.json_mode or req.json_schema is not None:
             state = SchemaState(req.json_schema) if req.json_schema is not None else None
-            self.constraint = JsonConstraint(tokenizer.token_bytes, self.stop_ids, tokenizer.special_ids, state,
-                                             json_index())
+            ends = self.stop_ids if req.json_end_ids is None else frozenset(req.json_end_ids)
+            self.constraint = JsonConstraint(tokenizer.token_bytes, ends, tokenizer.special_ids, state, json_index())
         self.pending: list[int] = []  # prompt tokens not yet fed
         self.next_token: int | None = None  # sampled, not yet fed
         self.n_generated = 0

@@ -77,7 +77,8 @@ class Sampler:
     def sample(self, logits: torch.Tensor, constraint: Any = None) -> int:
         """One token; with a `constraint` (allowed(token) -> bool), one it allows: a draw from
         the filtered distribution restricted to allowed tokens (rejection sampling, up to 16
-        draws), else the most likely allowed token of the whole vocabulary."""
+        draws), else a tempered draw among the 32 most likely allowed tokens of the vocabulary
+        (greedy: the most likely one)."""
         if constraint is None:
             if self.params.temperature <= 0.0:
                 return int(torch.argmax(logits))
@@ -100,11 +101,20 @@ class Sampler:
             order = torch.argsort(raw, descending=True)
         else:  # only tokens whose first byte fits: far fewer to check on a 201k vocabulary
             order = cand[torch.argsort(raw[cand], descending=True)]
+        # Greedy: the most likely allowed token. Sampling: a draw among the most likely allowed
+        # tokens (up to 32), tempered, so the filters' cut does not turn it greedy.
+        want = 1 if self.params.temperature <= 0.0 else 32
+        picked: list[int] = []
         for start in range(0, order.numel(), 1024):
-            for t in order[start:start + 1024].tolist():
-                if constraint.allowed(t):
-                    return t
-        raise ValueError("no token of the vocabulary is allowed here")
+            picked += [t for t in order[start:start + 1024].tolist() if constraint.allowed(t)][:want - len(picked)]
+            if len(picked) >= want:
+                break
+        if not picked:
+            raise ValueError("no token of the vocabulary is allowed here")
+        if len(picked) == 1:
+            return picked[0]
+        w = torch.softmax(raw[picked] / self.params.temperature, dim=-1)
+        return picked[int(torch.multinomial(w, 1, generator=self.generator))]
 
     @staticmethod
     def logprobs(logits: torch.Tensor, token: int, k: int) -> TokenLogprobs:

@@ -223,6 +223,20 @@ class ChatCompletionRequest(SamplingFields):
 
         return compile_schema(schema)  # SchemaError is a ValueError
 
+    def tool_args_schema(self) -> dict | None:
+        """For a named tool_choice: the function's `parameters` compiled for the sampler, or None
+        (any JSON object) when it has none or uses constructs the recognizer cannot enforce."""
+        name = self.forced_tool()
+        tool = next((t for t in self.tools or [] if name and t.function.name == name), None)
+        if tool is None or not tool.function.parameters:
+            return None
+        from hybridmoe.engine.json_schema import SchemaError, compile_schema
+
+        try:
+            return compile_schema(tool.function.parameters)
+        except SchemaError:
+            return None
+
     def forced_tool(self) -> str | None:
         """None: the model may answer in text; "": it must call one of the tools ('required');
         a name: it must call that function. ValueError on a malformed tool_choice object."""

@@ -174,7 +174,8 @@ class Serving:
                 "system_fingerprint": f"hybridmoe-{__version__}"}
 
     def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None,
-                logprobs_k: int | None, json_mode: bool = False, schema: dict | None = None) -> RequestHandle:
+                logprobs_k: int | None, json_mode: bool = False, schema: dict | None = None,
+                end_ids: list[int] | None = None) -> RequestHandle:
         n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
@@ -189,6 +190,7 @@ class Serving:
             forced_tokens=self._forced(req),
             json_mode=json_mode,
             json_schema=schema,
+            json_end_ids=end_ids,
         )
         try:
             return self.engine.submit(gen, loop=asyncio.get_running_loop())
@@ -234,8 +236,12 @@ class Serving:
         view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none",
                         stop=req.stop_list(), prefix_ids=prefix)
         ids = ids + prefix
+        json_mode, schema, end_ids = req.json_mode(), req.compiled_schema(), None
+        if req.forced_tool():  # a named call: its arguments follow the function's parameter schema
+            json_mode, schema = True, req.tool_args_schema()
+            end_ids = [i for i in (self.tokenizer.token_id("<|call|>"),) if i is not None] or None
         # Last: nothing may fail after the submit.
-        handle = self._submit(ids, req, req.token_limit(), k, json_mode=req.json_mode(), schema=req.compiled_schema())
+        handle = self._submit(ids, req, req.token_limit(), k, json_mode=json_mode, schema=schema, end_ids=end_ids)
         head = self._head("chatcmpl")
         if req.stream:
             return self._chat_stream(handle, view, head, _include_usage(req))
