@@ -168,7 +168,7 @@ def _union(branches: list[dict]) -> dict:
 
 
 # -------------------------------------------------------------------------------------- recognize
-# Frames (lists, copied shallowly per candidate token): [kind, node, ...state].
+# Frames are lists, [kind, node or flag, ...state]; copy() copies them per candidate token.
 _CONSUMED, _REJECT, _POP = 0, 1, 2
 
 
