@@ -75,17 +75,17 @@ class Sampler:
         return x / p.temperature
 
     def sample(self, logits: torch.Tensor, constraint: Any = None) -> int:
-        """One token; with a `constraint` (allowed(token) -> bool), one it allows: a draw from
-        the filtered distribution restricted to allowed tokens (rejection sampling, up to 16
-        draws), else a tempered draw among the 32 most likely allowed tokens of the vocabulary
-        (greedy: the most likely one)."""
+        """One token; with a `constraint` (a JsonConstraint), one it allows: a draw from the
+        filtered distribution restricted to allowed tokens (rejection sampling, up to 16 draws),
+        else a tempered draw among the 32 most likely allowed tokens of the vocabulary (greedy:
+        the most likely one)."""
         if constraint is None:
             if self.params.temperature <= 0.0:
                 return int(torch.argmax(logits))
             probs = torch.softmax(self.filtered_logits(logits), dim=-1)
             return int(torch.multinomial(probs, 1, generator=self.generator))
         raw = logits.float().cpu()
-        if getattr(constraint, "done", False) and constraint.end_ids:
+        if constraint.done and constraint.end_ids:
             return max(constraint.end_ids, key=lambda t: float(raw[t]))  # complete: end it
         if self.params.temperature > 0.0:
             probs = torch.softmax(self.filtered_logits(logits), dim=-1)
@@ -96,7 +96,7 @@ class Sampler:
                 probs[t] = 0.0
                 if not bool((probs > 0).any()):
                     break
-        cand = constraint.candidates() if hasattr(constraint, "candidates") else None
+        cand = constraint.candidates()
         if cand is None:
             order = torch.argsort(raw, descending=True)
         else:  # only tokens whose first byte fits: far fewer to check on a 201k vocabulary

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 
 class APIError(Exception):
@@ -169,6 +169,7 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    _schema: dict | None = PrivateAttr(default=None)  # response_format's schema, compiled once
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -183,7 +184,7 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs requires logprobs: true")
         if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {self.tool_choice!r}")
-        self.compiled_schema()  # a schema it cannot enforce: 400 now
+        self._schema = self._compile_schema()  # a schema it cannot enforce: 400 now
         if self.json_mode() and self.ignore_eos:
             raise ValueError("response_format JSON modes end the reply when the JSON closes; ignore_eos contradicts that")
         if self.json_mode() and self.forced_tool() is not None:
@@ -207,7 +208,11 @@ class ChatCompletionRequest(SamplingFields):
         return kind != "text"
 
     def compiled_schema(self) -> dict | None:
-        """The json_schema format's schema compiled for the sampler (None without one); llama-server's
+        """response_format's schema compiled for the sampler (None without one)."""
+        return self._schema
+
+    def _compile_schema(self) -> dict | None:
+        """The json_schema format's schema compiled (None without one); llama-server's
         {"type": "json_object", "schema": {...}} is accepted too. ValueError when unsupported."""
         rf = self.response_format or {}
         if rf.get("type") == "json_schema":
