@@ -231,7 +231,6 @@ struct MoeCtx {
     std::vector<float> asg_weight;
     std::vector<int64_t> asg_pos;  // [T*k]: sorted position of routing entry (t, j)
     bool fast = false;  // int8 activations for every slot (GEMV and tile)
-    bool int8_slot(const Slot&) const { return fast; }
     std::vector<const int8_t*> asg_xq, asg_aq;  // fast: per sorted assignment, its token's / act's row
     std::vector<const float*> asg_xd, asg_ad;
     float *xg, *act, *actp, *ys, *out;
@@ -248,8 +247,8 @@ void moe_gate_up_job(void* p, int) {
         float* g = grow(t_buf0, size_t(s.count * nr));
         float* v = grow(t_buf1, size_t(s.count * nr));
         const float* A = c.xg + s.xg_off;
-        const int8_t* const* xq = c.int8_slot(s) ? c.asg_xq.data() + s.first : nullptr;
-        const float* const* xd = c.int8_slot(s) ? c.asg_xd.data() + s.first : nullptr;
+        const int8_t* const* xq = c.fast ? c.asg_xq.data() + s.first : nullptr;
+        const float* const* xd = c.fast ? c.asg_xd.data() + s.first : nullptr;
         rows_times(c.ks, c.fmt, s.tile_path, c.gate + s.expert * c.gate_es + r0 * rb, rb, nr, c.H, A, s.count, g,
                    xq, xd);
         rows_times(c.ks, c.fmt, s.tile_path, c.up + s.expert * c.up_es + r0 * rb, rb, nr, c.H, A, s.count, v,
@@ -270,8 +269,8 @@ void moe_down_job(void* p, int) {
         const int64_t r0 = (u % c.chunks_h) * kChunkRows, nr = std::min(kChunkRows, c.H - r0);
         float* y = grow(t_buf0, size_t(s.count * nr));
         rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I,
-                   c.actp + s.actp_off, s.count, y, c.int8_slot(s) ? c.asg_aq.data() + s.first : nullptr,
-                   c.int8_slot(s) ? c.asg_ad.data() + s.first : nullptr);
+                   c.actp + s.actp_off, s.count, y, c.fast ? c.asg_aq.data() + s.first : nullptr,
+                   c.fast ? c.asg_ad.data() + s.first : nullptr);
         const float* db = c.db ? c.db + s.expert * c.H + r0 : nullptr;
         for (int64_t a = 0; a < s.count; ++a) {
             float* dst = c.ys + (s.first + a) * c.H + r0;
@@ -454,8 +453,8 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     for (Slot& s : c.slots) {
         s.xg_off = xg_size;
         s.actp_off = actp_size;
-        xg_size += c.int8_slot(s) ? 0 : s.tile_path ? packed_floats(s.count, H) : s.count * H;
-        actp_size += c.int8_slot(s) ? 0 : s.tile_path ? packed_floats(s.count, I) : s.count * I;
+        xg_size += c.fast ? 0 : s.tile_path ? packed_floats(s.count, H) : s.count * H;
+        actp_size += c.fast ? 0 : s.tile_path ? packed_floats(s.count, I) : s.count * I;
     }
     if (c.fast) {
         std::vector<const float*> tok(static_cast<size_t>(T));
@@ -479,9 +478,9 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     c.ys = grow(g_ys, size_t(n_asg * H));
     std::vector<const float*> rows;
     for (const Slot& s : c.slots) {
+        if (c.fast) break;  // fast mode reads the quantized token rows instead
         rows.clear();
         for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(x + int64_t(c.asg_token[size_t(a)]) * H);
-        if (c.int8_slot(s)) continue;
         if (s.tile_path) c.ks->pack_a(rows.data(), s.count, H, c.xg + s.xg_off);
         else
             for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.xg + s.xg_off + a * H, H);
@@ -492,7 +491,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     for (const Slot& s : c.slots) {
         rows.clear();
         for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(c.act + a * I);
-        if (c.int8_slot(s))
+        if (c.fast)
             quantize_rows(rows.data(), s.count, I, grow(g_aq, size_t(n_asg * q8x_bytes(I))) + s.first * q8x_bytes(I),
                           grow(g_ad, size_t(n_asg * q8x_scales(I))) + s.first * q8x_scales(I),
                           c.asg_aq.data() + s.first, c.asg_ad.data() + s.first);
