@@ -4,7 +4,10 @@ Same threads, same context, flash attention on for llama.cpp. Each run is a fres
 per engine (so peak RSS is that engine's own), engines alternating and their order flipped every
 run. Reports medians: load time, first prefill after load, pp128 / pp512 prompt tok/s, tg64 decode
 tok/s, peak RSS, ratios; for hybridmoe also the share of decode time spent inside kernel calls.
-The page cache is left as it is (warm after the first load): cold-load numbers need a quiet box.
+Before every child run the whole model file is read once (untimed) so that each engine starts
+with the file in the page cache, the condition of llama.cpp's "load ≈ 12 s" reference figure. Without
+that, whichever engine ran before (llama.cpp's child holds ~21 GiB) decides how much of the file the
+next one must re-read from disk. `--cache as-is` skips it (cold-load numbers need a quiet box).
 
 llama-cpp-python is a benchmark-only tool, never a runtime dependency:
     pip install llama-cpp-python==0.3.36        # compiles llama.cpp, 10+ minutes on 2 cores
@@ -159,6 +162,18 @@ def child_hybridmoe_fast(model: str, threads: int, ctx: int) -> dict:
 CHILDREN = {"hybridmoe": child_hybridmoe, "hybridmoe-fast": child_hybridmoe_fast, "llama.cpp": child_llamacpp}
 
 
+def warm_page_cache(path: str, chunk: int = 16 << 20) -> tuple[float, float]:
+    """Reads the file once so its pages are in the page cache; returns (GB read, seconds)."""
+    t = time.perf_counter()
+    buf = bytearray(chunk)
+    total = 0
+    with open(path, "rb", buffering=0) as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        while n := f.readinto(buf):
+            total += n
+    return total / 1e9, time.perf_counter() - t
+
+
 def run_child(engine: str, model: str, threads: int, ctx: int, timeout_s: float) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", engine, "--model", model,
@@ -187,6 +202,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--engines", nargs="+", default=list(CHILDREN), choices=list(CHILDREN))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child run")
+    ap.add_argument("--cache", choices=["warm", "as-is"], default="warm",
+                    help="warm: read the model file before every child run (default); as-is: leave the page cache")
     ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -195,11 +212,15 @@ def main() -> None:
         return
 
     model = args.model or default_model()
-    print(f"model={model}  threads={args.threads}  ctx={args.ctx}  runs={args.runs} (alternating)", flush=True)
+    print(f"model={model}  threads={args.threads}  ctx={args.ctx}  runs={args.runs} (alternating)"
+          f"  page cache: {args.cache}", flush=True)
     results: dict[str, list[dict]] = {e: [] for e in args.engines}
     for run in range(args.runs):
         order = args.engines if run % 2 == 0 else args.engines[::-1]
         for engine in order:
+            if args.cache == "warm":
+                gb, secs = warm_page_cache(model)
+                print(f"page cache warmed: {gb:.2f} GB read in {secs:.1f} s", flush=True)
             r = run_child(engine, model, args.threads, args.ctx, args.timeout)
             results[engine].append(r)
             print(f"run {run} {engine}: " + ", ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
