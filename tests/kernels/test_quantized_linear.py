@@ -179,3 +179,19 @@ def test_gemv_k_chunks_row_groups_and_even_passes(isa, t, T, use_isa):
     y = K._linear(x, w, None, t)
     ref = x.double() @ dequant64(w, t).T
     assert torch.isfinite(y).all() and rel_err(y, ref) < LINEAR_TOL
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("Kd", [352, 2912])  # 11 and 91 blocks
+@pytest.mark.parametrize("T", [1, 2, 3, 5, 8])
+def test_gemv_odd_block_count(isa, Kd, T, use_isa):
+    """An odd number of MXFP4 blocks per row through the streaming GEMV, unchunked and (2912 with
+    3+ tokens) after K chunks that end on a partial one; against float64."""
+    use_isa(isa)
+    rng = np.random.default_rng()
+    w = quantized(rng, 29, Kd, GGMLType.MXFP4)
+    x = torch.from_numpy(rng.standard_normal((T, Kd), dtype=np.float32))
+    K.set_gemv_max_tokens(16)
+    y = K._linear(x, w, None, GGMLType.MXFP4)
+    ref = x.double() @ dequant64(w, GGMLType.MXFP4).T
+    assert torch.isfinite(y).all() and rel_err(y, ref) < LINEAR_TOL
