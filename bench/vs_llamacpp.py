@@ -4,10 +4,13 @@ Same threads, same context, flash attention on for llama.cpp. Each run is a fres
 per engine (so peak RSS is that engine's own), engines alternating and their order flipped every
 run. Reports medians: load time, first prefill after load, pp128 / pp512 prompt tok/s, tg64 decode
 tok/s, peak RSS, ratios; for hybridmoe also the share of decode time spent inside kernel calls.
-Before every child run the whole model file is read once (untimed) so that each engine starts
-with the file in the page cache, the condition of llama.cpp's "load ≈ 12 s" reference figure. Without
-that, whichever engine ran before (llama.cpp's child holds ~21 GiB) decides how much of the file the
-next one must re-read from disk. `--cache as-is` skips it (cold-load numbers need a quiet box).
+Before every child run the model file is dropped from the page cache and read back once,
+sequentially (untimed), so that each engine starts with the whole file cached, the condition of
+llama.cpp's "load ≈ 12 s" reference figure, and always in the same state. Without that, whichever
+engine ran before decides how much of the file the next one re-reads from disk (llama.cpp's child
+holds ~21 GiB) and how costly the cached pages are to map (a sequential read leaves large folios,
+random page faults small ones: 6k vs 127k+ minor faults to map the 12 GB file on Linux 6.18).
+`--cache as-is` skips it (cold-load numbers need a quiet box).
 
 llama-cpp-python is a benchmark-only tool, never a runtime dependency:
     pip install llama-cpp-python==0.3.36        # compiles llama.cpp, 10+ minutes on 2 cores
@@ -163,11 +166,12 @@ CHILDREN = {"hybridmoe": child_hybridmoe, "hybridmoe-fast": child_hybridmoe_fast
 
 
 def warm_page_cache(path: str, chunk: int = 16 << 20) -> tuple[float, float]:
-    """Reads the file once so its pages are in the page cache; returns (GB read, seconds)."""
+    """Drops the file's cached pages, then reads it once sequentially; returns (GB, seconds)."""
     t = time.perf_counter()
     buf = bytearray(chunk)
     total = 0
     with open(path, "rb", buffering=0) as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while n := f.readinto(buf):
             total += n
@@ -203,7 +207,8 @@ def main() -> None:
     ap.add_argument("--engines", nargs="+", default=list(CHILDREN), choices=list(CHILDREN))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child run")
     ap.add_argument("--cache", choices=["warm", "as-is"], default="warm",
-                    help="warm: read the model file before every child run (default); as-is: leave the page cache")
+                    help="warm: drop and re-read the model file before every child run (default); "
+                         "as-is: leave the page cache")
     ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
     args = ap.parse_args()
 

@@ -147,9 +147,12 @@ class LLM:
 
         if mlock:
             residency.mlock(self.file)
-        # Map the expert pages in the background: the first prompt no longer pays a page fault
-        # per 4 KiB of weights it touches.
-        self.prefault_thread = residency.prefault(self.file) if prefault else None
+        # Huge folios, and the files read and mapped on a background thread (see residency).
+        if prefault:
+            self.prefault_thread = residency.prefault(self.file)
+        else:
+            self.prefault_thread = None
+            residency.prefer_huge_folios(self.file)
         self.load_seconds = time.perf_counter() - t0
 
     @property
