@@ -91,3 +91,26 @@ def test_mlock_pins_or_says_why(tiny_gguf, caplog):
     ok = residency.mlock(mf)
     # Root in CI may lock; an unprivileged user with a small RLIMIT_MEMLOCK gets a warning instead.
     assert ok or "mlock" in caplog.text
+
+
+def test_tensor_ranges_cover_exactly_the_kept_tensors(tiny_gguf):
+    """A GPU plan walks only the tensors it keeps in RAM: every kept tensor lies inside one
+    merged span, and no span reaches into a tensor that is not kept."""
+    mf = open_model(tiny_gguf)
+    base = mf.files[0].mapped_range()[0]
+    names = sorted(mf.tensors, key=lambda n: mf.info(n).offset)
+    kept = {n for i, n in enumerate(names) if "ffn" in n or i % 3 == 0}
+    spans = residency._tensor_ranges(mf, lambda n: n in kept)
+    assert len(spans) < len(kept)  # neighbours merged
+    for n in names:
+        info = mf.info(n)
+        lo, hi = base + info.offset, base + info.offset + info.nbytes
+        inside = [a <= lo and hi <= a + m for a, m in spans]
+        overlap = [lo < a + m and a < hi for a, m in spans]
+        if n in kept:
+            assert sum(inside) == 1, n
+        else:
+            assert not any(overlap), n
+    everything = residency._tensor_ranges(mf, lambda n: True)
+    first, last = mf.info(names[0]), mf.info(names[-1])
+    assert everything == [(base + first.offset, last.offset + last.nbytes - first.offset)]

@@ -147,9 +147,10 @@ class LLM:
 
         if mlock:
             residency.mlock(self.file)
-        # Huge folios, and the files read and mapped on a background thread (see residency).
+        # Huge folios, and what stays in RAM read and mapped on a background thread (residency).
         if prefault:
-            self.prefault_thread = residency.prefault(self.file)
+            keep = None if plan is None else (lambda name: plan.device_of(name) == "cpu")
+            self.prefault_thread = residency.prefault(self.file, keep=keep)
         else:
             self.prefault_thread = None
             residency.prefer_huge_folios(self.file)

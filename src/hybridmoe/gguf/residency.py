@@ -13,6 +13,8 @@ what the first prompt pays (measured on Linux 6.18, ext4, 12 GB 20b-shaped file,
   folios 4.4 s, where leaving the pages to the prompt's own faults gave 4.9 s (204k faults on
   the prompt's cores vs 56k). MADV_WILLNEED is no substitute: one call reads at most the
   device's read-ahead window (8 MiB here), and what it reads comes in small folios.
+- Only what is used from the mapping is walked: with a GPU plan, the tensors it keeps in RAM
+  (the rest was copied to the device at load and is never read again).
 - A model larger than the available RAM is not walked (it would only evict itself).
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger("hybridmoe")
 
@@ -56,6 +58,23 @@ def _advise(addr: int, length: int, advice: int) -> bool:
     return _lib().madvise(start, length + (addr - start), advice) == 0
 
 
+def _tensor_ranges(model_file: Any, keep: Callable[[str], bool]) -> list[tuple[int, int]]:
+    """(address, length) spans of the mapped tensors `keep` selects, adjacent ones merged."""
+    spans = []
+    for name, info in model_file.tensors.items():
+        r = model_file.files[info.file_index].mapped_range()
+        if r is not None and info.nbytes and keep(name):
+            spans.append((r[0] + info.offset, info.nbytes))
+    merged: list[tuple[int, int]] = []
+    for addr, n in sorted(spans):
+        if merged and addr <= merged[-1][0] + merged[-1][1]:
+            a0, n0 = merged[-1]
+            merged[-1] = (a0, max(n0, addr + n - a0))
+        else:
+            merged.append((addr, n))
+    return merged
+
+
 def prefer_huge_folios(model_file: Any) -> None:
     """MADV_HUGEPAGE on the mappings (a no-op where THP is off or unsupported)."""
     for addr, length in _ranges(model_file):
@@ -70,13 +89,15 @@ def _populate(ranges: list[tuple[int, int]]) -> None:
                 return  # kernel < 5.14: the first prompt faults its pages in itself
 
 
-def prefault(model_file: Any, background: bool = True) -> threading.Thread | None:
-    """Advise huge folios and read the model's files into the page cache, mapping every page;
-    returns the thread when backgrounded (None when run inline or skipped)."""
+def prefault(model_file: Any, background: bool = True,
+             keep: Callable[[str], bool] | None = None) -> threading.Thread | None:
+    """Advise huge folios and read the model's files (or only the tensors `keep` selects) into
+    the page cache, mapping every page; returns the thread when backgrounded (None when run
+    inline or skipped)."""
     from hybridmoe.placement.memory import available_ram_bytes
 
     prefer_huge_folios(model_file)
-    ranges = _ranges(model_file)
+    ranges = _ranges(model_file) if keep is None else _tensor_ranges(model_file, keep)
     have = available_ram_bytes()
     if have is not None and sum(n for _, n in ranges) > have:
         return None
