@@ -234,7 +234,7 @@ struct MoeCtx {
     std::vector<const int8_t*> asg_xq, asg_aq;  // fast: per sorted assignment, its token's / act's row
     std::vector<const float*> asg_xd, asg_ad;
     float *xg, *act, *actp, *ys, *out;
-    int64_t T, k, chunks_i, chunks_h;
+    int64_t T, k, chunk_rows, chunks_i, chunks_h;
     std::atomic<int64_t> next{0};
 };
 
@@ -243,7 +243,7 @@ void moe_gate_up_job(void* p, int) {
     const int64_t rb = row_bytes_of(c.fmt, c.H), n_units = int64_t(c.slots.size()) * c.chunks_i;
     for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
         const Slot& s = c.slots[size_t(u / c.chunks_i)];
-        const int64_t r0 = (u % c.chunks_i) * kChunkRows, nr = std::min(kChunkRows, c.I - r0);
+        const int64_t r0 = (u % c.chunks_i) * c.chunk_rows, nr = std::min(c.chunk_rows, c.I - r0);
         float* g = grow(t_buf0, size_t(s.count * nr));
         float* v = grow(t_buf1, size_t(s.count * nr));
         const float* A = c.xg + s.xg_off;
@@ -266,7 +266,7 @@ void moe_down_job(void* p, int) {
     const int64_t rb = row_bytes_of(c.fmt, c.I), n_units = int64_t(c.slots.size()) * c.chunks_h;
     for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
         const Slot& s = c.slots[size_t(u / c.chunks_h)];
-        const int64_t r0 = (u % c.chunks_h) * kChunkRows, nr = std::min(kChunkRows, c.H - r0);
+        const int64_t r0 = (u % c.chunks_h) * c.chunk_rows, nr = std::min(c.chunk_rows, c.H - r0);
         float* y = grow(t_buf0, size_t(s.count * nr));
         rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I,
                    c.actp + s.actp_off, s.count, y, c.fast ? c.asg_aq.data() + s.first : nullptr,
@@ -485,8 +485,11 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
         else
             for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.xg + s.xg_off + a * H, H);
     }
-    c.chunks_i = (I + kChunkRows - 1) / kChunkRows;
-    c.chunks_h = (H + kChunkRows - 1) / kChunkRows;
+    // Fast mode: 48-row units, so the int8 GEMM runs its 16-row kernel on all of them (the fp32
+    // tile of the default mode is sized for 24 rows).
+    c.chunk_rows = c.fast ? 2 * kChunkRows : kChunkRows;
+    c.chunks_i = (I + c.chunk_rows - 1) / c.chunk_rows;
+    c.chunks_h = (H + c.chunk_rows - 1) / c.chunk_rows;
     g_pool->run(moe_gate_up_job, &c);
     for (const Slot& s : c.slots) {
         rows.clear();
