@@ -2,6 +2,7 @@
 // be merged into code that runs on older CPUs; the table at the bottom is the only export.
 #include "common.h"
 
+#include <type_traits>
 #include <vector>
 
 #pragma GCC push_options
@@ -710,6 +711,28 @@ thread_local std::vector<float> t_q8_dw;
 thread_local std::vector<uint8_t> t_q8_panel1;  // the 16-row kernel's second panel
 thread_local std::vector<float> t_q8_dw1;
 
+// Runs kernel(tb, m0, bs, out) over the M tokens in groups of up to kQ8Tokens: tb is the group
+// size as a compile-time constant, bs[t] token m0+t's block sums (see quantize_x_q8) and out[t]
+// its output row from column r0.
+template <class Kernel>
+inline void q8_token_groups(int64_t K, const float* const* xd, int64_t M, float* C, int64_t ldc, int64_t r0,
+                            Kernel kernel) {
+    for (int64_t m0 = 0; m0 < M; m0 += kQ8Tokens) {
+        const int tb = int(M - m0 < kQ8Tokens ? M - m0 : kQ8Tokens);
+        const float* bs[kQ8Tokens];
+        float* out[kQ8Tokens];
+        for (int t = 0; t < tb; ++t) {
+            bs[t] = xd[m0 + t] + q8x_pairs(K) * 8;
+            out[t] = C + (m0 + t) * ldc + r0;
+        }
+        switch (tb) {
+            case 3: kernel(std::integral_constant<int, 3>(), m0, bs, out); break;
+            case 2: kernel(std::integral_constant<int, 2>(), m0, bs, out); break;
+            default: kernel(std::integral_constant<int, 1>(), m0, bs, out); break;
+        }
+    }
+}
+
 template <int FMT>
 void gemm_q8_fmt(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
                  const float* const* xd, int64_t M, float* C, int64_t ldc) {
@@ -720,48 +743,24 @@ void gemm_q8_fmt(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, cons
     float* dwt = (float*)(((uintptr_t)t_q8_dw.data() + 31) & ~uintptr_t(31));
     int64_t r0 = 0;
     if constexpr (FMT == kMXFP4) {
-        if (N >= 2 * kQ8Panel) {
-            if (t_q8_panel1.size() < t_q8_panel.size()) t_q8_panel1.resize(t_q8_panel.size());
-            if (t_q8_dw1.size() < t_q8_dw.size()) t_q8_dw1.resize(t_q8_dw.size());
-        }
+        if (t_q8_panel1.size() < t_q8_panel.size()) t_q8_panel1.resize(t_q8_panel.size());
+        if (t_q8_dw1.size() < t_q8_dw.size()) t_q8_dw1.resize(t_q8_dw.size());
         uint8_t* wt1 = (uint8_t*)(((uintptr_t)t_q8_panel1.data() + 31) & ~uintptr_t(31));
         float* dwt1 = (float*)(((uintptr_t)t_q8_dw1.data() + 31) & ~uintptr_t(31));
         for (; r0 + 2 * kQ8Panel <= N; r0 += 2 * kQ8Panel) {
             decode_panel_q8<FMT>(w + r0 * row_bytes, row_bytes, kQ8Panel, nb, wt, dwt);
             decode_panel_q8<FMT>(w + (r0 + kQ8Panel) * row_bytes, row_bytes, kQ8Panel, nb, wt1, dwt1);
-            for (int64_t m0 = 0; m0 < M; m0 += kQ8Tokens) {
-                const int tb = int(M - m0 < kQ8Tokens ? M - m0 : kQ8Tokens);
-                const float* bs[kQ8Tokens];
-                float* out[kQ8Tokens];
-                for (int t = 0; t < tb; ++t) {
-                    bs[t] = xd[m0 + t] + q8x_pairs(K) * 8;
-                    out[t] = C + (m0 + t) * ldc + r0;
-                }
-                switch (tb) {
-                    case 3: gemm_q8_micro16<3>(wt, wt1, dwt, dwt1, nb, xq + m0, xd + m0, bs, out); break;
-                    case 2: gemm_q8_micro16<2>(wt, wt1, dwt, dwt1, nb, xq + m0, xd + m0, bs, out); break;
-                    default: gemm_q8_micro16<1>(wt, wt1, dwt, dwt1, nb, xq + m0, xd + m0, bs, out); break;
-                }
-            }
+            q8_token_groups(K, xd, M, C, ldc, r0, [&](auto tb, int64_t m0, const float* const* bs, float* const* out) {
+                gemm_q8_micro16<tb()>(wt, wt1, dwt, dwt1, nb, xq + m0, xd + m0, bs, out);
+            });
         }
     }
     for (; r0 < N; r0 += kQ8Panel) {
         const int nr = int(N - r0 < kQ8Panel ? N - r0 : kQ8Panel);
         decode_panel_q8<FMT>(w + r0 * row_bytes, row_bytes, nr, nb, wt, dwt);
-        for (int64_t m0 = 0; m0 < M; m0 += kQ8Tokens) {
-            const int tb = int(M - m0 < kQ8Tokens ? M - m0 : kQ8Tokens);
-            const float* bs[kQ8Tokens];  // each token's block sums (see quantize_x_q8)
-            float* out[kQ8Tokens];
-            for (int t = 0; t < tb; ++t) {
-                bs[t] = xd[m0 + t] + q8x_pairs(K) * 8;
-                out[t] = C + (m0 + t) * ldc + r0;
-            }
-            switch (tb) {
-                case 3: gemm_q8_micro<FMT, 3>(wt, dwt, nb, xq + m0, xd + m0, bs, out, nr); break;
-                case 2: gemm_q8_micro<FMT, 2>(wt, dwt, nb, xq + m0, xd + m0, bs, out, nr); break;
-                default: gemm_q8_micro<FMT, 1>(wt, dwt, nb, xq + m0, xd + m0, bs, out, nr); break;
-            }
-        }
+        q8_token_groups(K, xd, M, C, ldc, r0, [&](auto tb, int64_t m0, const float* const* bs, float* const* out) {
+            gemm_q8_micro<FMT, tb()>(wt, dwt, nb, xq + m0, xd + m0, bs, out, nr);
+        });
     }
 }
 
