@@ -32,6 +32,8 @@ def build_pair(
     window: int = 32,
     vocab: int = 1024,
     dense_type: GGMLType = GGMLType.F32,
+    rope_theta: float = 150000.0,
+    original_ctx: int = 4096,
 ):
     from transformers import GptOssConfig, GptOssForCausalLM
 
@@ -41,8 +43,8 @@ def build_pair(
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
         num_local_experts=experts, num_experts_per_tok=top_k, sliding_window=window,
         max_position_embeddings=4096,
-        rope_parameters={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
-                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0},
+        rope_parameters={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": original_ctx,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False, "rope_theta": rope_theta},
     )
     cfg._attn_implementation = "eager"
     model = GptOssForCausalLM(cfg).eval()

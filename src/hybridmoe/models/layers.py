@@ -43,6 +43,11 @@ def yarn_inv_freq(
         return (1.0 / freq).float(), 1.0
     low = d_half * math.log(original_ctx / (beta_fast * 2 * math.pi)) / math.log(base)
     high = d_half * math.log(original_ctx / (beta_slow * 2 * math.pi)) / math.log(base)
+    # Clamped to [0, head_dim - 1] as transformers and ggml do: a small original context or base
+    # gives low < 0 (a no-op for gpt-oss's own numbers).
+    low, high = max(low, 0.0), min(high, head_dim - 1.0)
+    if high == low:
+        high += 0.001  # transformers' guard against a zero-width ramp
     ramp = ((i - low) / (high - low)).clamp(0.0, 1.0)
     inv_freq = (1.0 / freq) * (1.0 - ramp) + (1.0 / (factor * freq)) * ramp
     concentration = 0.1 * math.log(factor) + 1.0
