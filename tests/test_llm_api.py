@@ -13,7 +13,7 @@ from hybridmoe.gguf.reader import open_model
 from hybridmoe.gguf.writer import write_split
 from hybridmoe.synth import PRESETS, synth_metadata, synth_tensors
 
-TIMING_KEYS = {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_second"}
+TIMING_KEYS = {"cache_n", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_second"}
 
 
 def test_generate_returns_text_ids_and_llama_server_timings(tiny_llm):

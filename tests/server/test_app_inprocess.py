@@ -106,13 +106,13 @@ def test_full_queue_answers_503_then_recovers(make_serving):
 def test_non_stream_disconnect_frees_slot(make_serving, monkeypatch):
     state = ServerState(serving=make_serving(n_parallel=1, max_queue=4))
     engine = state.serving.engine
-    real_forward = engine.model.forward
+    real_forward = engine.runner.model.forward
 
     def paced(chunks, all_logits=False):  # 5 ms a step: the token count measures detection latency
         time.sleep(0.005)                  # the same way however fast the tiny model runs here
         return real_forward(chunks, all_logits)
 
-    monkeypatch.setattr(engine.model, "forward", paced)
+    monkeypatch.setattr(engine.runner.model, "forward", paced)
     with InProcess(state) as srv:
         body = json.dumps({"messages": MSGS, "max_tokens": 230, "ignore_eos": True}).encode()
         s = socket.create_connection(("127.0.0.1", srv.port))
@@ -131,7 +131,7 @@ def test_non_stream_disconnect_frees_slot(make_serving, monkeypatch):
 
 def test_model_failure_is_an_error_not_a_crash(make_serving, monkeypatch):
     state = ServerState(serving=make_serving(n_parallel=2, max_queue=4))
-    model = state.serving.engine.model
+    model = state.serving.engine.runner.model
     real_forward = model.forward
     calls = {"n": 0}
 

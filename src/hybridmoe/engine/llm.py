@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridmoe.engine.sampling import Sampler, SamplingParams
+from hybridmoe.engine.request import GenerationRequest
+from hybridmoe.engine.sampling import SamplingParams
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.models.gpt_oss import GptOss, SeqChunk
-from hybridmoe.tokenizer.tokenizer import IncrementalDecoder, Tokenizer
+from hybridmoe.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger("hybridmoe")
 
@@ -48,18 +49,6 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str  # "stop" | "length"
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def make_timings(prompt_n: int, prompt_s: float, predicted_n: int, predicted_s: float) -> dict[str, float]:
-    """llama-server's timings keys."""
-    return {
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_s * 1e3,
-        "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
-        "predicted_n": predicted_n,
-        "predicted_ms": predicted_s * 1e3,
-        "predicted_per_second": predicted_n / predicted_s if predicted_s > 0 else 0.0,
-    }
 
 
 _GPU_INTENT_KEYS = ("n_gpu_layers", "cpu_moe", "n_cpu_moe", "override_tensor", "fit", "vram_budget")
@@ -154,6 +143,7 @@ class LLM:
         else:
             self.prefault_thread = None
             residency.prefer_huge_folios(self.file)
+        self._engine: Any = None
         self.load_seconds = time.perf_counter() - t0
 
     @property
@@ -201,40 +191,29 @@ class LLM:
         ignore_eos: bool = False,
         stop: list[str] | None = None,
     ) -> GenerationResult:
+        """Generate through the same engine steps as the server (one decode loop, one stop rule)."""
         ids = self.tokenize(prompt_or_ids) if isinstance(prompt_or_ids, str) else [int(t) for t in prompt_or_ids]
         if not ids:
             raise ValueError("empty prompt")
         if len(ids) + 1 > self.ctx_size:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the context size {self.ctx_size}")
-        params = SamplingParams(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_tokens=max_tokens
-        )
-        sampler = Sampler(params)
-        eog = set() if ignore_eos else set(self.tokenizer.eog_ids)
         budget = min(max_tokens, self.ctx_size - len(ids))
-        cache = self.model.make_cache(min(self.ctx_size, len(ids) + budget))
-        t0 = time.perf_counter()
-        logits = self.prefill(cache, ids)
-        t1 = time.perf_counter()
-        out: list[int] = []
-        decoder = IncrementalDecoder(self.tokenizer)
-        text = ""
-        finish = "length"
-        while len(out) < budget:
-            tok = sampler.sample(logits)
-            if tok in eog:
-                finish = "stop"
-                break
-            out.append(tok)
-            text += decoder.push(tok)
-            if stop and any(s in text for s in stop):
-                text = text[: min(text.index(s) for s in stop if s in text)]
-                finish = "stop"
-                break
-            if len(out) >= budget:
-                break
-            logits = self.model.forward([SeqChunk(cache, [tok])])[0]
-        if finish == "length":
-            text += decoder.flush()
-        t2 = time.perf_counter()
-        return GenerationResult(text, out, finish, make_timings(len(ids), t1 - t0, len(out), t2 - t1))
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                max_tokens=budget, ignore_eos=ignore_eos)
+        events = self._engine_for(len(ids) + budget).run(GenerationRequest(ids, params, stop=stop or ()))
+        last = events[-1]
+        if last.finish_reason == "error":
+            raise RuntimeError(f"generation failed: {last.error}")
+        return GenerationResult("".join(e.text for e in events), [e.token_id for e in events if e.token_id is not None],
+                                last.finish_reason, last.timings or {})
+
+    def _engine_for(self, n_ctx: int) -> Any:
+        """A one-slot engine driven on the caller's thread, grown when a request needs more context
+        (its cache is sized to need, not to the model's full context)."""
+        from hybridmoe.engine.engine import CacheConfig, Engine
+
+        if self._engine is None or self._engine.ctx_size_per_slot < n_ctx:
+            ctx = min(self.ctx_size, max(n_ctx, 2 * self._engine.ctx_size_per_slot if self._engine else n_ctx))
+            self._engine = Engine(self, 1, ctx, max_queue=0, batch_size=self.batch_size,
+                                  cache=CacheConfig(cache_ram_bytes=0))
+        return self._engine

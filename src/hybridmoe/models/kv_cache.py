@@ -2,7 +2,9 @@
 
 Sliding-window layers keep only `window + slack` slots, so their memory does not grow with
 context. The slack lets a slot roll back a few tokens (prefix reuse after the last turn's
-end token is re-rendered) without recomputing the whole prompt.
+end token is re-rendered) without recomputing the whole prompt; further rollbacks go through
+snapshots (`snapshot`/`restore`): checkpoints of the ring layers alone, or the whole state for
+the RAM prompt cache and slot files.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from hybridmoe.models.kv_window import WindowGeometry
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,24 @@ class CacheLayout:
     slack: int = 64
 
 
+@dataclass
+class KVSnapshot:
+    """A copy of a cache's state in RAM: ring layers whole (K, V, positions), full layers' first
+    `length` positions or None (a checkpoint: the live cache's full layers are reused)."""
+
+    length: int
+    ring_lo: int
+    layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None]
+
+    @property
+    def has_full_layers(self) -> bool:
+        return all(t is not None for t in self.layers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(x.numel() * x.element_size() for t in self.layers if t is not None for x in t if x is not None)
+
+
 class SequenceKVCache:
     """KV storage for one sequence; `length` tokens are cached (positions 0..length-1)."""
 
@@ -33,6 +55,7 @@ class SequenceKVCache:
         self.layout = layout
         self.max_ctx = max_ctx
         self.length = 0
+        self.ring_lo = 0  # lowest position the ring layers still hold (see kv_window)
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
         self._pos: list[torch.Tensor | None] = []  # ring layers: absolute position per slot (-1 empty)
@@ -51,6 +74,12 @@ class SequenceKVCache:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._k + self._v)
+
+    @property
+    def geometry(self) -> WindowGeometry:
+        has_ring = any(self.layout.sliding)
+        ring = min(self.max_ctx, self.layout.window + self.layout.slack)
+        return WindowGeometry(self.layout.window if has_ring else 0, ring if has_ring else 0)
 
     def remaining(self) -> int:
         return self.max_ctx - self.length
@@ -111,6 +140,47 @@ class SequenceKVCache:
 
     def advance(self, n: int) -> None:
         self.length += n
+        self.ring_lo = self.geometry.lo_after(self.ring_lo, self.length)
+
+    def snapshot(self, full_layers: bool) -> KVSnapshot:
+        """Copy the state to RAM. Without `full_layers` it is a checkpoint: restoring it needs this
+        cache's full layers to still hold the same first `length` tokens."""
+        n = self.length
+        layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None] = []
+        for K, V, P in zip(self._k, self._v, self._pos):
+            if P is not None:
+                layers.append((_to_ram(K), _to_ram(V), _to_ram(P)))
+            elif full_layers:
+                layers.append((_to_ram(K[:, :n]), _to_ram(V[:, :n]), None))
+            else:
+                layers.append(None)
+        return KVSnapshot(n, self.ring_lo, layers)
+
+    def restore(self, snap: KVSnapshot) -> None:
+        """Make this cache hold `snap`'s state (full layers from the snapshot when it has them)."""
+        if snap.length > self.max_ctx:
+            raise ValueError(f"snapshot of {snap.length} tokens > context size {self.max_ctx}")
+        if len(snap.layers) != self.layout.n_layers:
+            raise ValueError(f"snapshot has {len(snap.layers)} layers, the model {self.layout.n_layers}")
+        for K, V, P, saved in zip(self._k, self._v, self._pos, snap.layers):
+            if saved is None:
+                if P is not None:
+                    raise ValueError("snapshot lacks a sliding layer's state")
+                continue
+            k, v, p = saved
+            if P is not None:
+                if p is None or k.shape != K.shape:
+                    raise ValueError(f"sliding-layer snapshot of shape {tuple(k.shape)}, cache {tuple(K.shape)}")
+                K.copy_(k)
+                V.copy_(v)
+                P.copy_(p)
+            else:
+                if k.shape != (K.shape[0], snap.length, K.shape[2]):
+                    raise ValueError(f"full-layer snapshot of shape {tuple(k.shape)} for {snap.length} tokens")
+                K[:, : snap.length].copy_(k)
+                V[:, : snap.length].copy_(v)
+        self.length = snap.length
+        self.ring_lo = snap.ring_lo
 
     def truncate(self, n: int) -> int:
         """Roll back to the first n tokens where the ring layers still hold what that needs.
@@ -118,15 +188,10 @@ class SequenceKVCache:
         Returns the length actually kept (the caller re-feeds tokens from there).
         """
         n = max(0, min(n, self.length))
-        for P in self._pos:
-            if P is None or n == 0:
-                continue
-            # Positions n-W+1 .. n-1 must still be in the ring for the next token at n.
-            need_from = max(0, n - self.layout.window + 1)
-            held = int(((P >= need_from) & (P < n)).sum())
-            if held != n - need_from:
-                n = 0
+        if not self.geometry.can_roll_back(self.ring_lo, self.length, n):
+            n = 0
         if n == 0:
+            self.ring_lo = 0
             for P in self._pos:
                 if P is not None:
                     P.fill_(-1)
@@ -136,3 +201,7 @@ class SequenceKVCache:
                     P.masked_fill_(P >= n, -1)
         self.length = n
         return n
+
+
+def _to_ram(t: torch.Tensor) -> torch.Tensor:
+    return t.to("cpu", copy=True).contiguous() if t.device.type != "cpu" else t.clone(memory_format=torch.contiguous_format)

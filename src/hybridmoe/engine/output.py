@@ -1,0 +1,108 @@
+"""The output processor: sampled tokens -> text deltas, stop strings, finish reasons, timings,
+events and counters. The one place these rules live (the server and `LLM.generate` share it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any
+
+from hybridmoe.engine.request import EngineEvent, Sequence, Usage
+from hybridmoe.tokenizer.tokenizer import IncrementalDecoder
+
+
+@dataclass
+class Metrics:
+    """Counters for /metrics (llama-server's names are applied by the server)."""
+
+    prompt_tokens_total: int = 0
+    prompt_seconds_total: float = 0.0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    cached_tokens_total: int = 0  # prompt tokens served from a slot, checkpoint or the RAM cache
+    n_decode_total: int = 0
+    n_busy_slots_total: int = 0
+    requests_total: int = 0
+    requests_rejected_total: int = 0
+    n_tokens_max: int = 0
+
+
+def safe_prefix_len(text: str, stops: Seq[str]) -> int:
+    """Length of `text` that cannot be the start of a stop string (the rest is held back)."""
+    keep = len(text)
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:n]):
+                keep = min(keep, len(text) - n)
+                break
+    return keep
+
+
+def find_stop(text: str, stops: Seq[str]) -> int | None:
+    """Index of the earliest stop string in `text`, or None (empty stop strings never match)."""
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+def timings(seq: Sequence) -> dict[str, float]:
+    """llama-server's `timings` object for one request."""
+    now = time.perf_counter()
+    t_first = seq.t_first or now
+    prompt_n = len(seq.prompt) - seq.n_cached
+    prompt_ms = (t_first - seq.t_start) * 1e3
+    predicted_ms = (now - t_first) * 1e3
+    return {
+        "cache_n": seq.n_cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": seq.n_generated,
+        "predicted_ms": predicted_ms,
+        "predicted_per_second": seq.n_generated * 1e3 / predicted_ms if predicted_ms > 0 else 0.0,
+    }
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any, metrics: Metrics) -> None:
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+
+    def start(self, seq: Sequence) -> None:
+        seq.decoder = IncrementalDecoder(self.tokenizer)
+        self.metrics.cached_tokens_total += seq.n_cached
+
+    def on_token(self, seq: Sequence, token: int, lp: Any, room_left: bool) -> str | None:
+        """Emit what `token` adds; returns the finish reason when it ends the request."""
+        if seq.t_first is None:
+            seq.t_first = time.perf_counter()
+        seq.n_generated += 1
+        self.metrics.tokens_predicted_total += 1
+        req = seq.request
+        if token in seq.stop_ids:
+            self._emit(seq, token, lp, final=True)
+            return "stop"
+        seq.held += seq.decoder.push(token)
+        hit = find_stop(seq.held, req.stop)
+        if hit is not None:
+            seq.held = seq.held[:hit]
+            self._emit(seq, token, lp, final=True)
+            return "stop"
+        if seq.n_generated >= req.params.max_tokens or not room_left:
+            seq.held += seq.decoder.flush()
+            self._emit(seq, token, lp, final=True)
+            return "length"
+        self._emit(seq, token, lp, final=False)
+        return None
+
+    def _emit(self, seq: Sequence, token: int, lp: Any, final: bool) -> None:
+        n = len(seq.held) if final else safe_prefix_len(seq.held, seq.request.stop)
+        text, seq.held = seq.held[:n], seq.held[n:]
+        is_stop_token = token in seq.stop_ids
+        if text or not is_stop_token:
+            seq.sink.push(EngineEvent(token_id=None if is_stop_token else token, text=text, logprob=lp))
+
+    def finish(self, seq: Sequence, reason: str, stop_token_id: int | None = None, error: str | None = None) -> None:
+        usage = Usage(len(seq.prompt), seq.n_generated, seq.n_cached)
+        seq.sink.push(EngineEvent(finish_reason=reason, stop_token_id=stop_token_id, timings=timings(seq),
+                                  usage=usage, error=error))

@@ -1,0 +1,81 @@
+"""What crosses the engine's boundary: requests in, events out, and the per-request state the
+scheduler, runner and output processor share. Plain data: no torch here."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybridmoe.engine.sampling import SamplingParams, TokenLogprobs
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: Seq[str] = ()
+    logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token's logprob + top k
+    # These ids replace the sampler's choices in order (the model still runs): lets tests drive the
+    # harmony/tool-call paths through a real server with a random model.
+    forced_tokens: Seq[int] | None = None
+    json_mode: bool = False  # sample only tokens that continue a JSON object (then end)
+    json_schema: dict | None = None  # json_schema.compile_schema's output: JSON mode for that schema
+    json_end_ids: Seq[int] | None = None  # JSON mode ends with one of these (default: the stop ids)
+    cache_prompt: bool = True  # reuse cached KV of a matching prefix (llama-server's cache_prompt)
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class EngineEvent:
+    """One generated token (`token_id`, `text` delta), or the final event (`finish_reason` set)."""
+
+    token_id: int | None = None
+    text: str = ""  # complete UTF-8 only; held back while it could still start a stop string
+    logprob: TokenLogprobs | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    stop_token_id: int | None = None  # the end-of-generation id that ended it (not in the text)
+    timings: dict[str, float] | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+
+class Sequence:
+    """One request inside the engine: where its prompt stands and what it has produced.
+
+    The scheduler moves `pending` and `next_token`; the runner fills `sampler`/`constraint` and
+    samples; the output processor owns the text side (`decoder`, `held`)."""
+
+    def __init__(self, request: GenerationRequest, sink: Any) -> None:
+        self.request = request
+        self.sink = sink  # RequestHandle: where events go; `.cancelled` is polled each step
+        self.pending: list[int] = []  # prompt tokens not yet fed
+        self.next_token: int | None = None  # sampled, not yet fed
+        self.n_generated = 0
+        self.n_cached = 0
+        self.slot_id: int | None = None
+        self.sampler: Any = None  # engine.sampling.Sampler, set by the runner at admission
+        self.constraint: Any = None  # engine.json_constraint.JsonConstraint or None
+        self.stop_ids: frozenset[int] = frozenset()
+        self.decoder: Any = None  # tokenizer.IncrementalDecoder, set by the output processor
+        self.held = ""  # decoded text not yet emitted (stop-string hold-back)
+        self.t_start = time.perf_counter()
+        self.t_first: float | None = None
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt_ids
+
+    @property
+    def prefilling(self) -> bool:
+        return bool(self.pending)
