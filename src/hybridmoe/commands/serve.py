@@ -78,6 +78,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--min-p", type=float, default=0.05)
     a("--mlock", action="store_true")
     a("--no-mmap", action="store_true")
+    a("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", type=int, default=32,
+      help="sliding-window checkpoints kept per slot, for prompts that diverge before the end of what is cached")
+    a("-cms", "--checkpoint-min-step", type=int, default=2048,
+      help="a checkpoint every N tokens inside a long prompt (one is always taken at the prompt's end)")
+    a("-cram", "--cache-ram", type=int, default=None,
+      help="MiB of RAM for prompts whose slot went to another conversation (-1 = no limit, 0 = off; "
+           "default: 8192 or a quarter of the available RAM, whichever is less)")
+    a("--cache-idle-slots", action=argparse.BooleanOptionalAction, default=True,
+      help="accepted (always on): a slot's state moves to the RAM cache when another prompt takes the slot")
+    a("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore files")
     a("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     a("--max-queue", type=int, default=64, help="requests that may wait for a slot before 503")
     # Test hook: honour the request field `test_forced_output` (text whose tokens replace the sampled
@@ -169,6 +179,23 @@ def _placement(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def _cache_config(args: argparse.Namespace) -> Any:
+    """Prompt-reuse settings; the RAM cache's default stays small beside the page cache that holds
+    the mmap'd experts."""
+    from hybridmoe.engine.engine import CacheConfig
+    from hybridmoe.placement.memory import available_ram_bytes
+
+    if args.cache_ram is None:
+        avail = available_ram_bytes()
+        limit: int | None = min(8192 * 2**20, avail // 4) if avail else 8192 * 2**20
+    else:
+        limit = None if args.cache_ram < 0 else args.cache_ram * 2**20
+    log.info("prompt cache: %s in RAM, %d checkpoints per slot",
+             "no limit" if limit is None else f"{limit / 2**20:.0f} MiB", args.ctx_checkpoints)
+    return CacheConfig(ctx_checkpoints=max(0, args.ctx_checkpoints), checkpoint_every=max(1, args.checkpoint_min_step),
+                       cache_ram_bytes=limit)
+
+
 def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
     """Model loading thread: LLM -> Engine -> Serving, then /health turns 200. On failure the
     server stops and `serve` exits 1, as llama-server does (no half-alive process)."""
@@ -182,7 +209,8 @@ def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
                   mlock=args.mlock, fast_math=args.fast_math, **_placement(args))
         n_parallel = max(1, args.parallel)
         per_slot = llm.ctx_size // n_parallel
-        engine = Engine(llm, n_parallel, per_slot, args.max_queue, batch_size=step_tokens).start()
+        engine = Engine(llm, n_parallel, per_slot, args.max_queue, batch_size=step_tokens,
+                        cache=_cache_config(args)).start()
         template = Path(args.chat_template_file).read_text() if args.chat_template_file else None
         config = ServingConfig(
             model_path=path,
@@ -192,6 +220,7 @@ def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
             chat_template_kwargs=args.chat_template_kwargs or {},
             defaults=SamplingDefaults(args.temp, args.top_k, args.top_p, args.min_p),
             test_hooks=args.test_hooks,
+            slot_save_path=args.slot_save_path,
         )
         state.serving = Serving(engine, llm, config)
         log.info("model loaded: %s (%d slots x %d tokens of context)", path, n_parallel, per_slot)
@@ -215,6 +244,11 @@ def run(args: argparse.Namespace) -> int:
     if args.no_mmap:
         log.warning("--no-mmap is accepted but has no effect: experts are always used in place from the mmap "
                     "(use --mlock to pin them in RAM)")
+    if args.slot_save_path:
+        try:
+            os.makedirs(args.slot_save_path, exist_ok=True)
+        except OSError as e:
+            raise SystemExit(f"hybridmoe serve: --slot-save-path {args.slot_save_path}: {e.strerror or e}") from None
     path, is_random = _model_path(args)
     if is_random:
         log.warning("no bundled demo model in this build: serving a RANDOM synthetic model (%s); its output is "

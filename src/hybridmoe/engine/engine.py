@@ -24,7 +24,7 @@ from hybridmoe.engine.scheduler import Admission, CacheConfig, Scheduler
 
 __all__ = [
     "CacheConfig", "Engine", "EngineClosedError", "EngineEvent", "GenerationRequest", "Metrics",
-    "QueueFullError", "RequestHandle", "Usage", "find_stop", "safe_prefix_len",
+    "QueueFullError", "RequestHandle", "SlotError", "Usage", "find_stop", "safe_prefix_len",
 ]
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,10 @@ class QueueFullError(RuntimeError):
 
 class EngineClosedError(RuntimeError):
     """The engine was shut down."""
+
+
+class SlotError(ValueError):
+    """A slot action names a slot that does not exist or is busy."""
 
 
 class RequestHandle:
@@ -117,6 +121,7 @@ class Engine:
         self._cv = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._model_identity: dict[str, Any] | None = None
 
     # ---- caller side (any thread) ---------------------------------------------------------------
     def start(self) -> Engine:
@@ -185,6 +190,68 @@ class Engine:
             self._calls.append((fn, fut))
             self._cv.notify_all()
         return fut.result(timeout)
+
+    # ---- slot files (llama-server's /slots/{id}?action=...) -------------------------------------------
+    def save_slot(self, slot_id: int, path: str) -> dict[str, Any]:
+        """Write an idle slot's tokens and KV state (with its checkpoints) to `path`."""
+        return self.call(lambda: self._save_slot(slot_id, path))
+
+    def restore_slot(self, slot_id: int, path: str) -> dict[str, Any]:
+        """Load a file written by `save_slot` (same model, context and KV type) into an idle slot.
+        Raises slot_files.SlotFileError for a file that does not fit, before the slot is touched."""
+        return self.call(lambda: self._restore_slot(slot_id, path))
+
+    def erase_slot(self, slot_id: int) -> dict[str, Any]:
+        return self.call(lambda: self._erase_slot(slot_id))
+
+    def _idle_slot(self, slot_id: int) -> Any:
+        if not 0 <= slot_id < self.n_parallel:
+            raise SlotError(f"slot {slot_id} does not exist (slots 0..{self.n_parallel - 1})")
+        slot = self.scheduler.slots[slot_id]
+        if slot.seq is not None:
+            raise SlotError(f"slot {slot_id} is processing a request")
+        return slot
+
+    def _identity(self) -> dict[str, Any]:
+        from hybridmoe.engine import slot_files
+
+        if self._model_identity is None:
+            dtype = self.runner.model.cache_layout().dtype
+            self._model_identity = slot_files.model_identity(self.llm.file, self.ctx_size_per_slot, dtype)
+        return self._model_identity
+
+    def _save_slot(self, slot_id: int, path: str) -> dict[str, Any]:
+        from hybridmoe.engine import slot_files
+
+        slot = self._idle_slot(slot_id)
+        t0 = time.perf_counter()
+        state = slot_files.SlotState(list(slot.tokens), self.runner.snapshot(slot_id, full_layers=True),
+                                     [c.data for c in slot.checkpoints])
+        n = slot_files.save(path, self._identity(), state)
+        return {"n_saved": len(slot.tokens), "n_written": n, "save_ms": (time.perf_counter() - t0) * 1e3}
+
+    def _restore_slot(self, slot_id: int, path: str) -> dict[str, Any]:
+        from hybridmoe.engine import slot_files
+
+        slot = self._idle_slot(slot_id)
+        t0 = time.perf_counter()
+        state, n_read = slot_files.load(path, self._identity())
+        try:
+            self.runner.restore(slot_id, state.snapshot)
+            checks = [self.runner.cache(slot_id).check_snapshot(c) for c in state.checkpoints]
+        except ValueError as e:  # shapes that do not fit this cache: refuse, leave nothing half-made
+            self.scheduler.forget(slot)
+            self.runner.drop_cache(slot_id)
+            raise slot_files.SlotFileError(f"{path}: {e}") from None
+        self.scheduler.restored(slot, state.tokens, state.snapshot.ring_lo, checks)
+        return {"n_restored": len(state.tokens), "n_read": n_read, "restore_ms": (time.perf_counter() - t0) * 1e3}
+
+    def _erase_slot(self, slot_id: int) -> dict[str, Any]:
+        slot = self._idle_slot(slot_id)
+        n = len(slot.tokens)
+        self.scheduler.forget(slot)
+        self.runner.drop_cache(slot_id)
+        return {"n_erased": n}
 
     def status(self) -> dict[str, Any]:
         """Snapshot for /slots and /metrics (read without stopping the engine)."""

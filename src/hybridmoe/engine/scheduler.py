@@ -269,6 +269,14 @@ class Scheduler:
         while len(slot.checkpoints) > self.config.ctx_checkpoints:
             slot.checkpoints.pop(0)
 
+    def restored(self, slot: SlotState, tokens: list[int], ring_lo: int, checkpoints: list[tuple[Any, int]]) -> None:
+        """A slot file's state is now in the slot; `checkpoints` are (snapshot, nbytes) pairs."""
+        slot.tokens, slot.ring_lo, slot.checkpoints = list(tokens), ring_lo, []
+        for data, nbytes in checkpoints:
+            if data.length <= len(tokens):
+                slot.checkpoints.append(Checkpoint(data.length, data.ring_lo, nbytes, data))
+        del slot.checkpoints[: max(0, len(slot.checkpoints) - self.config.ctx_checkpoints)]
+
     def release(self, seq: Sequence) -> None:
         slot = self.slots[seq.slot_id]
         slot.seq = None

@@ -158,8 +158,8 @@ class SequenceKVCache:
 
     def restore(self, snap: KVSnapshot) -> None:
         """Make this cache hold `snap`'s state (full layers from the snapshot when it has them)."""
-        if snap.length > self.max_ctx:
-            raise ValueError(f"snapshot of {snap.length} tokens > context size {self.max_ctx}")
+        if not 0 <= snap.ring_lo <= snap.length <= self.max_ctx:
+            raise ValueError(f"snapshot of {snap.length} tokens (ring from {snap.ring_lo}) for a context of {self.max_ctx}")
         if len(snap.layers) != self.layout.n_layers:
             raise ValueError(f"snapshot has {len(snap.layers)} layers, the model {self.layout.n_layers}")
         for K, V, P, saved in zip(self._k, self._v, self._pos, snap.layers):
@@ -168,8 +168,11 @@ class SequenceKVCache:
                     raise ValueError("snapshot lacks a sliding layer's state")
                 continue
             k, v, p = saved
+            if k.dtype != K.dtype or v.dtype != V.dtype or v.shape != k.shape:
+                raise ValueError(f"snapshot tensors of {k.dtype}/{v.dtype} {tuple(k.shape)}/{tuple(v.shape)}, "
+                                 f"cache {K.dtype}")
             if P is not None:
-                if p is None or k.shape != K.shape:
+                if p is None or k.shape != K.shape or p.shape != P.shape or p.dtype != P.dtype:
                     raise ValueError(f"sliding-layer snapshot of shape {tuple(k.shape)}, cache {tuple(K.shape)}")
                 K.copy_(k)
                 V.copy_(v)
@@ -181,6 +184,19 @@ class SequenceKVCache:
                 V[:, : snap.length].copy_(v)
         self.length = snap.length
         self.ring_lo = snap.ring_lo
+
+    def check_snapshot(self, snap: KVSnapshot) -> tuple[KVSnapshot, int]:
+        """Raise ValueError unless `snap` (a checkpoint or whole state) fits this cache's shapes;
+        returns it with its size."""
+        if len(snap.layers) != self.layout.n_layers:
+            raise ValueError(f"snapshot has {len(snap.layers)} layers, the model {self.layout.n_layers}")
+        for K, P, saved in zip(self._k, self._pos, snap.layers):
+            if P is not None and (saved is None or saved[0].shape != K.shape or saved[2] is None
+                                  or saved[2].shape != P.shape or saved[1].shape != K.shape):
+                raise ValueError("a sliding layer's snapshot does not fit the cache")
+        if snap.length > self.max_ctx or not 0 <= snap.ring_lo <= snap.length:
+            raise ValueError(f"snapshot of {snap.length} tokens (ring from {snap.ring_lo}) for a context of {self.max_ctx}")
+        return snap, snap.nbytes
 
     def truncate(self, n: int) -> int:
         """Roll back to the first n tokens where the ring layers still hold what that needs.

@@ -162,6 +162,11 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(503, "no slot available", type="unavailable_error")
         return info
 
+    @app.post("/slots/{id_slot}")
+    def slot_action(id_slot: int, action: str = "", body: dict[str, Any] | None = None) -> Any:
+        filename = (body or {}).get("filename")
+        return serving().slot_action(id_slot, action, filename)
+
     @app.get("/metrics")
     async def metrics() -> Any:
         if not state.metrics_enabled:

@@ -28,7 +28,18 @@ def prometheus_text(engine: Engine) -> str:
         ("requests_processing", "gauge", "Number of requests processing.", busy),
         ("requests_deferred", "gauge", "Number of requests waiting for a slot.", status["requests_waiting"]),
     ]
+    mem = status["memory"]
+    # Ours, beside llama-server's names: prompt reuse and the RAM it holds.
+    own = [
+        ("cached_prompt_tokens_total", "counter", "Prompt tokens served from a slot, a checkpoint or the RAM cache.",
+         m.cached_tokens_total),
+        ("checkpoint_bytes", "gauge", "RAM held by sliding-window checkpoints of all slots.", mem["checkpoint_bytes"]),
+        ("prompt_cache_bytes", "gauge", "RAM held by the prompt cache (--cache-ram).", mem["prompt_cache_bytes"]),
+        ("prompt_cache_entries", "gauge", "Prompts held by the prompt cache.", mem["prompt_cache_entries"]),
+        ("prompt_cache_limit_bytes", "gauge", "The prompt cache's bound (-1 = none).", mem["prompt_cache_limit_bytes"]),
+    ]
     lines = []
-    for name, kind, help_, value in rows:
-        lines += [f"# HELP llamacpp:{name} {help_}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {value}"]
+    for prefix, table in (("llamacpp", rows), ("hybridmoe", own)):
+        for name, kind, help_, value in table:
+            lines += [f"# HELP {prefix}:{name} {help_}", f"# TYPE {prefix}:{name} {kind}", f"{prefix}:{name} {value}"]
     return "\n".join(lines) + "\n"

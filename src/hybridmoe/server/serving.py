@@ -54,6 +54,7 @@ class ServingConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     test_hooks: bool = False  # honour `test_forced_output` (see GenerationRequest.forced_tokens)
+    slot_save_path: str | None = None  # --slot-save-path: directory of slot state files
 
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -426,6 +427,43 @@ class Serving:
             s["params"] = {"chat_format": "GPT-OSS", "reasoning_format": self.config.reasoning_format}
             out.append(s)
         return out
+
+    def slot_action(self, id_slot: int, action: str, filename: str | None) -> dict[str, Any]:
+        """llama-server's POST /slots/{id}?action=save|restore|erase (blocking: run in a thread)."""
+        from hybridmoe.engine.engine import SlotError
+        from hybridmoe.engine.slot_files import SlotFileError
+
+        if not self.config.slot_save_path:
+            raise APIError(501, "This server does not support slots action. Start it with `--slot-save-path`",
+                           type="not_supported_error")
+        if action not in ("save", "restore", "erase"):
+            raise bad_request(f"action must be save, restore or erase, got {action!r}", param="action")
+        try:
+            if action == "erase":
+                return {"id_slot": id_slot, **self.engine.erase_slot(id_slot)}
+            path = self._slot_file(filename)
+            if action == "save":
+                r = self.engine.save_slot(id_slot, str(path))
+                return {"id_slot": id_slot, "filename": filename, "n_saved": r["n_saved"],
+                        "n_written": r["n_written"], "timings": {"save_ms": r["save_ms"]}}
+            if not path.is_file():
+                raise bad_request(f"no slot file named {filename!r} in the slot save path", param="filename")
+            r = self.engine.restore_slot(id_slot, str(path))
+            return {"id_slot": id_slot, "filename": filename, "n_restored": r["n_restored"],
+                    "n_read": r["n_read"], "timings": {"restore_ms": r["restore_ms"]}}
+        except (SlotError, SlotFileError) as e:
+            raise bad_request(str(e), param="filename" if isinstance(e, SlotFileError) else "id_slot") from None
+        except OSError as e:
+            raise APIError(500, f"slot file {filename!r}: {e.strerror or e}", type="server_error") from None
+
+    def _slot_file(self, filename: str | None) -> Path:
+        """A plain file name inside --slot-save-path: no directories, no hidden or special names."""
+        if not isinstance(filename, str) or not filename:
+            raise bad_request("filename is required", param="filename")
+        if (len(filename.encode("utf-8", "surrogatepass")) > 255 or filename.startswith(".")
+                or any(c in filename for c in '/\\:') or any(ord(c) < 32 or 0xD800 <= ord(c) < 0xE000 for c in filename)):
+            raise bad_request("Invalid filename", param="filename")
+        return Path(self.config.slot_save_path) / filename
 
     def metrics_text(self) -> str:
         return prometheus_text(self.engine)
