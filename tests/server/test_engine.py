@@ -158,3 +158,19 @@ def test_cache_allocation_failure_fails_only_that_request(llm, monkeypatch):
     second = list(eng.submit(GenerationRequest(p, greedy(3))))
     assert tokens_of(second) == llm.generate(p, max_tokens=3, temperature=0.0).token_ids
     eng.close()
+
+
+def test_generate_and_engine_share_one_stop_rule(llm, engine):
+    """LLM.generate drives the same engine steps: same tokens, text and finish for every stop kind
+    (an empty stop string never matches; a stop string cuts the text where it starts)."""
+    p = llm.tokenize("Stop rules: " + "words " * 5)
+    free = llm.generate(p, max_tokens=16, temperature=0.0, ignore_eos=True)
+    cut = free.text[len(free.text) // 2 : len(free.text) // 2 + 2] or "x"
+    for stops in ([""], [cut], ["never-in-the-output", cut], []):
+        res = llm.generate(p, max_tokens=16, temperature=0.0, ignore_eos=True, stop=stops)
+        events = engine.generate(GenerationRequest(p, greedy(16, ignore_eos=True), stop=stops))
+        assert res.token_ids == tokens_of(events), stops
+        assert res.text == "".join(e.text for e in events), stops
+        assert res.finish_reason == events[-1].finish_reason, stops
+        if stops and stops[-1] == cut and cut.strip():
+            assert res.finish_reason == "stop" and cut not in res.text
