@@ -1,0 +1,210 @@
+"""Agent-like conversations against a server: how much of each turn's prompt comes from cache.
+
+A session: a long system+tools prompt, then turns of (user message, greedy reply); every request
+resends the whole conversation so far, as chat clients and coding agents do. Prompts are token ids
+on llama-server's native `/completion` (both servers speak it), so the figure measures prompt reuse
+itself, not how a random model's text re-tokenizes. Settings:
+    np1      one session, -np 1
+    np1x2    two sessions interleaved turn by turn on -np 1 (the RAM prompt cache swaps them)
+    np2x2    two sessions interleaved on -np 2
+Per turn: prompt tokens, cached tokens (timings.cache_n), prompt ms (timings.prompt_ms) and time to
+first token measured by the client.
+
+    python bench/conversation.py -m gpt-oss-20b-synth.gguf -t 2
+    python bench/conversation.py -m model.gguf --llama-server /path/to/llama-server   # both engines
+    python bench/conversation.py --system-tokens 300 --reply-tokens 40 --user-tokens 20   # tiny, quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+
+from serve_load import free_port
+
+
+@dataclass
+class Turn:
+    engine: str
+    setting: str
+    session: int
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    prompt_ms: float
+    ttft_ms: float
+    reply_tokens: int
+
+
+def cpu_line() -> str:
+    model, flags = platform.processor() or "?", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+        m = re.search(r"model name\s*:\s*(.*)", text)
+        model = m.group(1).strip() if m else model
+        flags = set(re.findall(r"\b(avx512[a-z_0-9]*|avx_vnni|avx2|fma)\b", text))
+    except OSError:
+        pass
+    return f"{model}; {os.cpu_count()} CPUs; ISA: {' '.join(sorted(flags)) or 'unknown'}"
+
+
+def post(url: str, body: dict, timeout: float = 3600.0) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def complete(url: str, prompt: list[int], n: int) -> tuple[list[int], dict, float]:
+    """Stream one greedy `/completion`; returns (generated ids, timings, time to first token s)."""
+    body = {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True, "cache_prompt": True,
+            "stream": True, "return_tokens": True}
+    req = urllib.request.Request(url + "/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    ttft, tokens, timings = None, [], {}
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"])
+            new = chunk.get("tokens") or []
+            if new and ttft is None:
+                ttft = time.perf_counter() - t0
+            tokens += new
+            if chunk.get("stop"):
+                timings = chunk.get("timings") or {}
+    return tokens, timings, ttft if ttft is not None else time.perf_counter() - t0
+
+
+def words(url: str, n_tokens: int, seed: int) -> list[int]:
+    """About n_tokens of ordinary text, tokenized by the server (the same GGUF vocabulary)."""
+    rng = random.Random(seed)
+    vocab = ("the agent reads a file and calls a tool with arguments then checks the result "
+             "function returns list value error path config test build run server model token cache").split()
+    text = " ".join(rng.choice(vocab) for _ in range(n_tokens * 2))
+    ids = post(url + "/tokenize", {"content": text, "add_special": False})["tokens"]
+    ids = [t if isinstance(t, int) else t["id"] for t in ids]
+    return ids[:n_tokens]
+
+
+def run_setting(engine: str, url: str, setting: str, a: argparse.Namespace) -> list[Turn]:
+    n_sessions = 1 if setting == "np1" else 2
+    convs = [words(url, a.system_tokens, 1000 + s) for s in range(n_sessions)]
+    out = []
+    for turn in range(1, a.turns + 1):
+        for s in range(n_sessions):
+            prompt = convs[s] + words(url, a.user_tokens, 10 * turn + s)
+            reply, t, ttft = complete(url, prompt, a.reply_tokens)
+            out.append(Turn(engine, setting, s, turn, len(prompt), int(t.get("cache_n", 0)),
+                            float(t.get("prompt_ms", 0.0)), ttft * 1e3, len(reply)))
+            convs[s] = prompt + reply
+            print(f"  {engine:>10} {setting:>6} s{s} turn {turn}: prompt {len(prompt):>6} cached "
+                  f"{out[-1].cached_tokens:>6} ({100 * out[-1].cached_tokens / len(prompt):5.1f}%) prompt "
+                  f"{out[-1].prompt_ms:8.0f} ms ttft {out[-1].ttft_ms:8.0f} ms", flush=True)
+    return out
+
+
+def start(cmd: list[str], url: str, log: str) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{cmd[0]} exited with {proc.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit(f"{cmd[0]} did not become healthy; see {log}")
+
+
+def server_cmd(engine: str, a: argparse.Namespace, model: str, np_: int, port: int) -> list[str]:
+    common = ["-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(np_), "-c", str(a.ctx * np_),
+              "-t", str(a.threads)]
+    if engine == "llama.cpp":
+        return [a.llama_server, *common, "-fa", "on", "--jinja"]
+    return [sys.executable, "-m", "hybridmoe.cli", "serve", *common]
+
+
+def summarize(turns: list[Turn]) -> None:
+    print(f"\n{'engine':>10} {'setting':>7} {'turn':>4} {'prompt':>7} {'cached':>7} {'cached %':>8} "
+          f"{'prompt ms':>10} {'ttft ms':>9}")
+    for t in turns:
+        print(f"{t.engine:>10} {t.setting:>7} {t.turn:>4} {t.prompt_tokens:>7} {t.cached_tokens:>7} "
+              f"{100 * t.cached_tokens / t.prompt_tokens:>7.1f}% {t.prompt_ms:>10.0f} {t.ttft_ms:>9.0f}")
+    print("\ntargets: from turn 2 on >= 95% of every prompt cached; turn-8 ttft <= 1.5x turn 2 (per session)")
+    for (eng, setting) in sorted({(t.engine, t.setting) for t in turns}):
+        rows = [t for t in turns if t.engine == eng and t.setting == setting]
+        later = [t for t in rows if t.turn >= 2]
+        worst = min((t.cached_tokens / t.prompt_tokens for t in later), default=float("nan"))
+        ratios = []
+        for s in {t.session for t in rows}:
+            by = {t.turn: t for t in rows if t.session == s}
+            if 2 in by and max(by) > 2:
+                ratios.append(by[max(by)].ttft_ms / by[2].ttft_ms)
+        print(f"  {eng:>10} {setting:>6}: worst cached share from turn 2: {100 * worst:.1f}%; "
+              f"last-turn / turn-2 ttft: {', '.join(f'{r:.2f}x' for r in ratios)}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default=None, help="GGUF (default: a synthetic tiny model)")
+    ap.add_argument("--url", default=None, help="measure an already running server (one setting, named 'url')")
+    ap.add_argument("--llama-server", default=None, help="also run llama.cpp's llama-server binary at this path")
+    ap.add_argument("--settings", default="np1,np1x2,np2x2")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-c", "--ctx", type=int, default=8192, help="context per slot")
+    ap.add_argument("--system-tokens", type=int, default=2000)
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--reply-tokens", type=int, default=200)
+    ap.add_argument("--user-tokens", type=int, default=100)
+    ap.add_argument("--json", action="store_true", help="also print every turn as a JSON line")
+    a = ap.parse_args()
+    print(f"cpu: {cpu_line()}")
+    turns: list[Turn] = []
+    if a.url:
+        turns = run_setting("server", a.url, "url", a)
+    else:
+        model = a.model
+        if model is None:
+            model = os.path.join(tempfile.mkdtemp(prefix="conversation_"), "tiny.gguf")
+            subprocess.run([sys.executable, "-m", "hybridmoe.cli", "synth", "--preset", "tiny", "--out", model],
+                           check=True, capture_output=True)
+        engines = ["hybridmoe"] + (["llama.cpp"] if a.llama_server else [])
+        for engine in engines:
+            for setting in a.settings.split(","):
+                np_ = 2 if setting == "np2x2" else 1
+                port = free_port()
+                log = os.path.join(tempfile.gettempdir(), f"conversation-{engine}-{setting}.log")
+                proc = start(server_cmd(engine, a, model, np_, port), f"http://127.0.0.1:{port}", log)
+                try:
+                    turns += run_setting(engine, f"http://127.0.0.1:{port}", setting, a)
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=60)
+    summarize(turns)
+    if a.json:
+        for t in turns:
+            print(json.dumps({"bench": "conversation", **asdict(t)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
