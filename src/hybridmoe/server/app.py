@@ -27,10 +27,11 @@ from hybridmoe.server.protocol import (
     TokenizeRequest,
 )
 from hybridmoe.server.serving import Serving
+from hybridmoe.server.webui_routes import WEBUI_PUBLIC_PATHS, add_webui_routes
 
 log = logging.getLogger(__name__)
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"}) | WEBUI_PUBLIC_PATHS
 
 
 @dataclass
@@ -59,7 +60,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 class _ApiKeyMiddleware:
-    """401 unless `Authorization: Bearer KEY` (or `x-api-key`) matches; /health stays open.
+    """401 unless `Authorization: Bearer KEY` (or `x-api-key`) matches; /health and the web page stay open.
 
     Plain ASGI rather than `@app.middleware`: it passes `receive` through untouched, so handlers
     see a client disconnect at once."""
@@ -174,6 +175,7 @@ def create_app(state: ServerState) -> FastAPI:
                            type="not_supported_error")
         return PlainTextResponse(serving().metrics_text(), media_type="text/plain; version=0.0.4")
 
+    add_webui_routes(app)
     return app
 
 
