@@ -162,10 +162,11 @@ function messageEl(msg) {
     const summary = el("summary", null, "Reasoning");
     summary.addEventListener("click", () => { details.dataset.auto = "0"; });
     details.append(summary, el("div", "reasoning-body md"));
-    wrap.append(details, el("div", "tool-calls"));
+    wrap.append(details, el("div", "content md"), el("div", "tool-calls"));
+  } else {
+    wrap.append(el("div", "content plain"));
   }
-  wrap.append(el("div", msg.role === "user" ? "content plain" : "content md"), el("div", "msg-meta"),
-    el("div", "msg-error"));
+  wrap.append(el("div", "msg-meta"), el("div", "msg-error"));
   return wrap;
 }
 
