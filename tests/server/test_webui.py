@@ -11,12 +11,13 @@ import json
 import os
 import re
 import shutil
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .conftest import API_KEY, ServerProcess, start_server, stop_server
+from .conftest import ServerProcess, start_server, stop_server
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -33,11 +34,9 @@ def test_page_is_public_and_leaks_nothing(server: ServerProcess):
     assert status == 200 and "<title>hybridmoe chat</title>" in page
     # The page is the same for everyone: no model name, path or setting of this server in it.
     assert "tiny" not in page.lower() and "gguf" not in page.lower()
-    for path, ctype in ASSETS.items():
+    for path in ASSETS:
         status, body = server.request("GET", path, key=None)
         assert status == 200 and body, path
-    import urllib.request
-
     with urllib.request.urlopen(server.base_url + "/") as r:
         headers = r.headers
     csp = headers["Content-Security-Policy"]

@@ -61,6 +61,10 @@ function setStatus(text, kind = "") {
   s.className = kind;
 }
 
+// Not crypto.randomUUID: it exists only in secure contexts, and the page may be served over plain
+// http on a LAN address.
+const newId = () => `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`;
+
 const currentConv = () => state.conversations.find((c) => c.id === state.currentId) || null;
 
 // ---- API access: the key lives in this browser and goes with every API call ----------------------
@@ -368,7 +372,7 @@ function setBusy(busy) {
 async function send(text) {
   let conv = currentConv();
   if (!conv) {
-    conv = { id: crypto.randomUUID(), title: "", updated: Date.now(), messages: [] };
+    conv = { id: newId(), title: "", updated: Date.now(), messages: [] };
     state.conversations.push(conv);
     state.currentId = conv.id;
   }

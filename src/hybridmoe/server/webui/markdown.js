@@ -229,13 +229,17 @@ function codeBlock(lang, code) {
   head.appendChild(el("span", "code-lang", lang || "text"));
   const copy = el("button", "code-copy", "Copy");
   copy.type = "button";
+  const codeEl = el("code", null, code);
   copy.addEventListener("click", () => {
-    navigator.clipboard?.writeText(code).then(() => { copy.textContent = "Copied"; }, () => {});
+    if (navigator.clipboard) {  // secure contexts only (localhost or https)
+      navigator.clipboard.writeText(code).then(() => { copy.textContent = "Copied"; }, () => {});
+    } else {
+      window.getSelection().selectAllChildren(codeEl);  // selected for Ctrl+C instead
+    }
   });
   head.appendChild(copy);
   box.appendChild(head);
   const pre = el("pre");
-  const codeEl = el("code", null, code);
   if (lang) codeEl.dataset.lang = lang;
   pre.appendChild(codeEl);
   box.appendChild(pre);
