@@ -11,13 +11,8 @@ import json
 import pytest
 
 from tests.server.conftest import API_KEY
+from tests.server.replies import ANSWER, REASONED, TOOL_CALL, chat_prompt_tokens, n_tokens
 
-REASONED = ("<|channel|>analysis<|message|>The user greets me.<|end|>"
-            "<|start|>assistant<|channel|>final<|message|>Hello there!<|return|>")
-TOOL_CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|>"
-             "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-             '<|message|>{"city": "Paris"}<|call|>')
-ANSWER = "<|channel|>final<|message|>It is 21 C in Paris.<|return|>"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
 USER = [{"role": "user", "content": "Weather in Paris?"}]
@@ -28,21 +23,6 @@ def client(scripted_server):
     from openai import OpenAI
 
     return OpenAI(base_url=scripted_server.srv.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
-
-
-def n_tokens(server, text: str) -> int:
-    status, out = server.request("POST", "/tokenize", {"content": text})
-    assert status == 200, out
-    return len(out["tokens"])
-
-
-def chat_prompt_tokens(server, messages: list[dict], tools: list[dict] | None = None) -> int:
-    """Tokens of the prompt /v1/chat/completions would render for these messages."""
-    chat_tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")}}
-                  for t in tools or ()]
-    status, out = server.request("POST", "/apply-template", {"messages": messages, "tools": chat_tools or None})
-    assert status == 200, out
-    return n_tokens(server, out["prompt"])
 
 
 def test_analysis_and_final_become_reasoning_and_message_items(client, scripted_server):
@@ -159,11 +139,6 @@ def test_json_schema_text_format_constrains_the_answer(client):
     assert r.output_text and SchemaState(compile_schema(schema)).feed(r.output_text.encode()), r.output_text
     if r.status == "completed":
         assert set(json.loads(r.output_text)) == {"n"}
-
-
-def test_reasoning_effort_reaches_the_prompt(client):
-    low = client.responses.create(model="tiny-test", input="Hi!", max_output_tokens=1, reasoning={"effort": "low"})
-    assert low.reasoning.effort == "low"
 
 
 @pytest.mark.parametrize("body,param,words", [
