@@ -19,6 +19,7 @@ USER = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture
 def client(scripted_server):
+    scripted_server.script()  # nothing left over from a failed test
     # The SDK sends the key as `x-api-key`.
     return anthropic.Anthropic(base_url=scripted_server.srv.base_url, api_key=API_KEY, max_retries=0, timeout=60)
 
@@ -101,6 +102,17 @@ def test_stop_sequence_and_max_tokens_stop_reasons(client, scripted_server):
     assert [b.text for b in m.content] == ["Hello there! "]
     cut = client.messages.create(model="tiny-test", max_tokens=5, messages=USER)
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 5
+
+
+def test_named_tool_choice_forces_a_tool_use(client):
+    """Sampled from the random model: the reply is a tool_use of the named tool (its input an
+    object when the arguments closed within max_tokens)."""
+    m = client.messages.create(model="tiny-test", max_tokens=48, messages=USER, tools=TOOLS,
+                               extra_body={"temperature": 1.0},  # this SDK has no temperature argument
+                               tool_choice={"type": "tool", "name": "get_weather"})
+    (use,) = m.content
+    assert use.type == "tool_use" and use.name == "get_weather" and isinstance(use.input, dict)
+    assert m.stop_reason in ("tool_use", "max_tokens")
 
 
 def test_errors_take_anthropics_shape(client, scripted_server):

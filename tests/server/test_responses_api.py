@@ -22,6 +22,7 @@ USER = [{"role": "user", "content": "Weather in Paris?"}]
 def client(scripted_server):
     from openai import OpenAI
 
+    scripted_server.script()  # nothing left over from a failed test
     return OpenAI(base_url=scripted_server.srv.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
 
@@ -139,6 +140,18 @@ def test_json_schema_text_format_constrains_the_answer(client):
     assert r.output_text and SchemaState(compile_schema(schema)).feed(r.output_text.encode()), r.output_text
     if r.status == "completed":
         assert set(json.loads(r.output_text)) == {"n"}
+
+
+def test_named_tool_choice_forces_a_call(client):
+    """Sampled from the random model: the reply is a call to the named function whose arguments
+    the parameter schema admits (a prefix when the token limit cuts them)."""
+    from hybridmoe.engine.json_schema import SchemaState, compile_schema
+
+    r = client.responses.create(model="tiny-test", input=USER, tools=TOOLS, max_output_tokens=48, temperature=1.0,
+                                tool_choice={"type": "function", "name": "get_weather"})
+    (call,) = r.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert SchemaState(compile_schema(TOOLS[0]["parameters"])).feed(call.arguments.encode()), call.arguments
 
 
 @pytest.mark.parametrize("body,param,words", [

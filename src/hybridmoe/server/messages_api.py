@@ -83,8 +83,9 @@ class RedactedThinkingBlockIn(_Lenient):
     type: Literal["redacted_thinking"]  # encrypted reasoning from another server: nothing to re-feed
 
 
-_BLOCKS: dict[str, type[BaseModel]] = {"text": TextBlockIn, "tool_use": ToolUseBlockIn, "tool_result": ToolResultBlockIn,
-                                       "thinking": ThinkingBlockIn, "redacted_thinking": RedactedThinkingBlockIn}
+_BLOCKS: dict[str, type[BaseModel]] = {
+    "text": TextBlockIn, "tool_use": ToolUseBlockIn, "tool_result": ToolResultBlockIn,
+    "thinking": ThinkingBlockIn, "redacted_thinking": RedactedThinkingBlockIn}
 
 
 class InputMessage(_Lenient):

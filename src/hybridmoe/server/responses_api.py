@@ -181,7 +181,8 @@ class ResponsesRequest(_Lenient):
     @classmethod
     def _choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
         if isinstance(v, str) and v not in ("none", "auto", "required"):
-            raise ValueError(f"must be 'none', 'auto', 'required' or {{\"type\": \"function\", \"name\": ...}}, got {v!r}")
+            raise ValueError("must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}, "
+                             f"got {v!r}")
         if isinstance(v, dict) and (v.get("type") != "function" or not isinstance(v.get("name"), str)):
             raise ValueError(f"only {{\"type\": \"function\", \"name\": ...}} objects are supported, got {v!r}")
         return v
