@@ -59,10 +59,13 @@ class ServerProcess:
             return status, raw
 
 
-def start_server(model: str, args: list[str], log_path: Path, api_key: str | None) -> ServerProcess:
+def start_server(model: str, args: list[str], log_path: Path, api_key: str | None,
+                 launcher: list[str] | None = None) -> ServerProcess:
+    """launcher: what runs `serve ARGS` (default `python -m hybridmoe.cli`; tests/ seams wrap it)."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "hybridmoe.cli", "serve", "-m", model, *args, "--port", str(port)]
+    launcher = launcher or [sys.executable, "-m", "hybridmoe.cli"]
+    cmd = [*launcher, "serve", "-m", model, *args, "--port", str(port)]
     if "--host" not in args:
         cmd += ["--host", "127.0.0.1"]
     log = open(log_path, "wb")
@@ -127,3 +130,30 @@ def client(server: ServerProcess):
     from openai import OpenAI
 
     return OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@dataclass
+class ScriptedServer:
+    """A server whose replies come from `script(...)` (tests/server/scripted_serve.py)."""
+
+    srv: ServerProcess
+    script_path: Path
+
+    def script(self, *replies: str) -> None:
+        """The next requests' outputs, one harmony text per request, in order."""
+        from tests.server.scripted_serve import write_scripts
+
+        write_scripts(self.script_path, list(replies))
+
+
+@pytest.fixture(scope="session")
+def scripted_server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
+    """The tiny model behind `hybridmoe serve --api-key dummy -np 2`, replies scripted per request."""
+    tmp = tmp_path_factory.mktemp("scripted")
+    script = tmp / "script.json"
+    script.write_text("[]")
+    launcher = [sys.executable, str(Path(__file__).with_name("scripted_serve.py")), str(script)]
+    args = ["--api-key", API_KEY, "-np", "2", "-t", "1", "-a", "tiny-test"]
+    srv = start_server(served_model, args, tmp / "server.log", API_KEY, launcher=launcher)
+    yield ScriptedServer(srv, script)
+    stop_server(srv)

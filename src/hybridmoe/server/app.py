@@ -18,6 +18,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hybridmoe.server import messages_api, responses_api
+from hybridmoe.server.messages_api import MessagesInput, MessagesRequest, anthropic_error_body
 from hybridmoe.server.protocol import (
     APIError,
     ApplyTemplateRequest,
@@ -26,12 +28,14 @@ from hybridmoe.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from hybridmoe.server.responses_api import ResponsesRequest, ResponseStore
 from hybridmoe.server.serving import Serving
 from hybridmoe.server.webui_routes import WEBUI_PUBLIC_PATHS, add_webui_routes
 
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"}) | WEBUI_PUBLIC_PATHS
+ANTHROPIC_PREFIX = "/v1/messages"  # routes whose errors take Anthropic's shape
 
 
 @dataclass
@@ -42,8 +46,9 @@ class ServerState:
     load_error: str | None = None
 
 
-def _error(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+def _error(err: APIError, path: str = "") -> JSONResponse:
+    body = anthropic_error_body(err) if path.startswith(ANTHROPIC_PREFIX) else err.body()
+    return JSONResponse(body, status_code=err.status)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -76,7 +81,7 @@ class _ApiKeyMiddleware:
             key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
             if not any(hmac.compare_digest(key.encode(), k.encode()) for k in self.state.api_keys):
                 err = APIError(401, "Invalid API Key", type="authentication_error", code="invalid_api_key")
-                await _error(err)(scope, receive, send)
+                await _error(err, scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -90,23 +95,24 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return _error(exc)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _error(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         msg, param = _validation_message(exc)
-        return _error(APIError(400, msg, param=param))
+        return _error(APIError(400, msg, param=param), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(APIError(exc.status_code, str(exc.detail), type=kind))
+        return _error(APIError(exc.status_code, str(exc.detail), type=kind), request.url.path)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return _error(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"))
+        return _error(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"),
+                      request.url.path)
 
     def serving() -> Serving:
         if state.serving is None:
@@ -131,6 +137,24 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         result = await serving().chat(req, request.is_disconnected)
         return _respond(result)
+
+    responses_store = ResponseStore()
+
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest, request: Request) -> Any:
+        return _respond(await responses_api.create(serving(), responses_store, req, request.is_disconnected))
+
+    @app.post("/v1/responses/input_tokens")
+    async def responses_input_tokens(req: ResponsesRequest) -> Any:
+        return await responses_api.input_tokens(serving(), responses_store, req)
+
+    @app.post("/v1/messages")
+    async def messages(req: MessagesRequest, request: Request) -> Any:
+        return _respond(await messages_api.create(serving(), req, request.is_disconnected))
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(req: MessagesInput) -> Any:
+        return await messages_api.count_tokens(serving(), req)
 
     @app.post("/v1/completions")
     @app.post("/completions")

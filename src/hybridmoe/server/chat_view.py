@@ -29,6 +29,8 @@ class ChatView:
         self._stop = list(stop)
         self._held = {"content": "", "reasoning_content": ""}
         self._stopped = False
+        self.stop_sequence: str | None = None  # the stop string that cut the parsed text, if one did
+        self.reasoning_tokens = 0  # generated tokens inside analysis messages (content + end token)
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._tools: list[dict[str, Any]] = []
@@ -51,6 +53,9 @@ class ChatView:
             return deltas
         ids = [t for t in (ev.token_id, ev.stop_token_id) if t is not None]
         for tid in ids:
+            header = self._parser.open_header
+            if header is not None and header.target == "reasoning":
+                self.reasoning_tokens += 1
             for hev in self._parser.push(tid):
                 deltas += self._on_harmony(hev)
         if ev.finish_reason is not None:
@@ -82,6 +87,7 @@ class ChatView:
         hit = find_stop(held, self._stop)
         if hit is not None:
             self._stopped = True
+            self.stop_sequence = next(s for s in self._stop if s and held.startswith(s, hit))
             self._held[key] = ""
             return [self._append(key, held[:hit])] if hit else []
         n = safe_prefix_len(held, self._stop)

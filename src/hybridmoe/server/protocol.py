@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 
 class APIError(Exception):
@@ -294,3 +294,23 @@ class ApplyTemplateRequest(_Lenient):
     tools: list[Tool] | None = None
     reasoning_effort: Literal["low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+def validate_tagged(obj: Any, kinds: dict[str, type[BaseModel]], what: str, default: str | None = None) -> Any:
+    """Validate one `{"type": ...}` object with the model its type names (`default` when it has no
+    type). ValueError naming `what` and the type otherwise: lists of typed parts (Responses input
+    items, Anthropic content blocks) answer "input[3] has type 'x'" rather than a union's noise."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what} must be an object, got {type(obj).__name__}")
+    kind = obj.get("type", default)
+    model = kinds.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise ValueError(f"{what} has type {kind!r}, which this server does not support "
+                         f"(supported: {', '.join(kinds)})")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"{what} ({kind}): {loc + ': ' if loc else ''}{msg}") from None

@@ -68,7 +68,7 @@ async def _watch(handle: RequestHandle, disconnected: Disconnected) -> None:
         await asyncio.sleep(0.25)
 
 
-async def _events(handle: RequestHandle, disconnected: Disconnected | None) -> AsyncIterator[EngineEvent]:
+async def events(handle: RequestHandle, disconnected: Disconnected | None) -> AsyncIterator[EngineEvent]:
     """Events of a non-streamed request; a client that goes away cancels it (slot freed)."""
     watch = asyncio.create_task(_watch(handle, disconnected)) if disconnected is not None else None
     try:
@@ -227,11 +227,24 @@ class Serving:
     # ---- chat ---------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest,
                    disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
+        handle, view = await self.start_chat(req)
+        head = self._head("chatcmpl")
+        if req.stream:
+            return self._chat_stream(handle, view, head, _include_usage(req))
+        return await self._chat_full(handle, view, head, disconnected)
+
+    async def chat_prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+        """The rendered, tokenized prompt of a chat request (also what the token-counting endpoints count)."""
         self._check_model(req.model)
         tools = None if req.tool_choice == "none" else req.tools
         # Rendering and tokenizing a long conversation takes a while: keep the event loop free.
-        ids = await asyncio.to_thread(self._chat_prompt_ids, req.messages, tools, req.reasoning_effort,
-                                      req.chat_template_kwargs)
+        return await asyncio.to_thread(self._chat_prompt_ids, req.messages, tools, req.reasoning_effort,
+                                       req.chat_template_kwargs)
+
+    async def start_chat(self, req: ChatCompletionRequest) -> tuple[RequestHandle, ChatView]:
+        """Render -> tokenize -> submit one chat request; its events go through the returned view.
+        Shared by chat completions and the Responses / Messages mappings (which build `req`)."""
+        ids = await self.chat_prompt_ids(req)
         prefix = self._forced_prefix(req, ids)
         k = (req.top_logprobs or 0) if req.logprobs else None
         view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none",
@@ -243,15 +256,12 @@ class Serving:
             end_ids = [i for i in (self.tokenizer.token_id("<|call|>"),) if i is not None] or None
         # Last: nothing may fail after the submit.
         handle = self._submit(ids, req, req.token_limit(), k, json_mode=json_mode, schema=schema, end_ids=end_ids)
-        head = self._head("chatcmpl")
-        if req.stream:
-            return self._chat_stream(handle, view, head, _include_usage(req))
-        return await self._chat_full(handle, view, head, disconnected)
+        return handle, view
 
     async def _chat_full(self, handle: RequestHandle, view: ChatView, head: dict[str, Any],
                          disconnected: Disconnected | None) -> dict[str, Any]:
         logprobs: list[dict[str, Any]] = []
-        async for ev in _events(handle, disconnected):
+        async for ev in events(handle, disconnected):
             view.push(ev)
             if ev.logprob is not None:
                 logprobs.append(self._logprob_entry(ev.logprob))
@@ -329,7 +339,7 @@ class Serving:
     async def _completion_full(self, handle: RequestHandle, head: dict[str, Any],
                                disconnected: Disconnected | None, echo: str) -> dict[str, Any]:
         text, lps = [echo], []
-        async for ev in _events(handle, disconnected):
+        async for ev in events(handle, disconnected):
             text.append(ev.text)
             if ev.logprob is not None:
                 lps.append(ev.logprob)

@@ -126,6 +126,11 @@ class HarmonyParser:
         self._seen_message = False
 
     # ---- public -------------------------------------------------------------------------------
+    @property
+    def open_header(self) -> Header | None:
+        """The header of the message whose content is being read; None between messages and in headers."""
+        return self._header if self._state == "content" else None
+
     def push(self, token_id: int) -> list[Event]:
         if self._state == "content":
             return self._push_content(token_id)
