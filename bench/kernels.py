@@ -26,6 +26,7 @@ import torch
 
 import hybridmoe.kernels as K
 from hybridmoe.gguf.constants import GGMLType
+from machine import describe
 
 H = I = 2880
 E, TOPK = 32, 4
@@ -116,6 +117,7 @@ def main() -> None:
     expert_bytes = 3 * I * MX_ROW
 
     speedups = []  # (threads, case, fp32 rate, fast rate): GB/s, or GFLOP/s where the case says so
+    print(describe())
     print(f"isa={K.isa()}  repeats={args.repeats} (medians)  20b shapes H=I={H}, E={E}, top-{TOPK}")
     rows = []
     for nt in args.threads:

@@ -217,6 +217,10 @@ def main() -> None:
         return
 
     model = args.model or default_model()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from machine import describe
+
+    print(describe())
     print(f"model={model}  threads={args.threads}  ctx={args.ctx}  runs={args.runs} (alternating)"
           f"  page cache: {args.cache}", flush=True)
     results: dict[str, list[dict]] = {e: [] for e in args.engines}

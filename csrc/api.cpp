@@ -20,6 +20,7 @@
 namespace hm {
 
 float g_e8m0_table[256];
+float g_e8m0_div256[256];
 
 namespace {
 
@@ -33,6 +34,10 @@ const KernelSet* g_ks = nullptr;
 // 1 core, 2880x2880 MXFP4, GFLOP/s GEMV vs tile: 12 tokens 62 vs 49, 16: 64 vs 63, 24: 65 vs 68.
 std::atomic<int> g_gemv_max_tokens{16};
 std::atomic<int> g_fast_math{0};  // 1: int8 activations on the GEMV and the tile path
+// 1: the GEMV path (few tokens per expert / dense call) multiplies two-term int16 activations
+// (quantize_x_q16: fp32-like error, integer products); 0 (default): fp32 activations. Opt-in
+// until it is faster: on Zen 4 it measured no faster than the fp32 GEMV (see DESIGN.md).
+std::atomic<int> g_act16{0};
 
 bool cpu_has_f16c() {
     unsigned a, b, c, d;
@@ -46,7 +51,7 @@ bool isa_supported(const std::string& name) {
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     if (name == "avx512")
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && isa_supported("avx2");
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && isa_supported("avx2");
     return false;
 }
 
@@ -59,7 +64,10 @@ const KernelSet* kernels_for(const std::string& name) {
 
 struct Init {
     Init() {
-        for (int e = 0; e < 256; ++e) g_e8m0_table[e] = e8m0_half(uint8_t(e));
+        for (int e = 0; e < 256; ++e) {
+            g_e8m0_table[e] = e8m0_half(uint8_t(e));
+            g_e8m0_div256[e] = g_e8m0_table[e] / 256.f;  // a power of two >= 2^-136: exact
+        }
         g_ks = isa_supported("avx512") ? &kAvx512Kernels
                : isa_supported("avx2") ? &kAvx2Kernels
                                        : &kScalarKernels;
@@ -96,6 +104,8 @@ using Scratch = std::vector<T, LineAligned<T>>;
 // Scratch reused across calls (guarded by g_call_mu) and per thread (tiles, partial outputs).
 Scratch<float> g_xp, g_xg, g_act, g_actp, g_ys, g_xd, g_ad;
 Scratch<int8_t> g_xq, g_aq;  // fast mode: quantized activations (tokens, then act rows)
+Scratch<int16_t> g_x16, g_a16;  // default GEMV path: int16 activations (tokens, then act rows)
+Scratch<float> g_xd16, g_ad16;
 thread_local Scratch<float> t_tile, t_buf0, t_buf1;
 
 template <class T, class A>
@@ -111,6 +121,17 @@ struct QuantCtx {
     float* d;
     std::atomic<int64_t> next{0};
 };
+
+// Default GEMV path: M rows -> int16 (quantize_x_q16 layout), xq[m] / xd[m] pointing at them.
+// Serial: at most a few tokens per call take this path.
+void quantize_rows16(const float* const* x, int64_t M, int64_t K, int16_t* q, float* d,
+                     const int16_t** xq, const float** xd) {
+    for (int64_t m = 0; m < M; ++m) {
+        xq[m] = q + m * q16x_elems(K);
+        xd[m] = d + m * q16x_scales(K);
+        g_ks->quantize_q16(x[m], K, q + m * q16x_elems(K), d + m * q16x_scales(K));
+    }
+}
 
 void quantize_job(void* p, int) {
     auto& c = *static_cast<QuantCtx*>(p);
@@ -137,7 +158,8 @@ void quantize_rows(const float* const* x, int64_t M, int64_t K, int8_t* q, float
 // or on the tile path the int8 GEMM.
 void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
                 int64_t n_rows, int64_t K, const float* A, int64_t M, float* out,
-                const int8_t* const* xq = nullptr, const float* const* xd = nullptr) {
+                const int8_t* const* xq = nullptr, const float* const* xd = nullptr,
+                const int16_t* const* x16 = nullptr, const float* const* d16 = nullptr) {
     // Even passes (12 tokens: 6 + 6, not 8 + 4): a 1..3-token pass runs at half the FLOP rate.
     const int64_t passes = (M + kMaxGemvTokens - 1) / kMaxGemvTokens, per_pass = (M + passes - 1) / passes;
     if (xq && tile_path) {
@@ -148,6 +170,13 @@ void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, 
         for (int64_t a0 = 0; a0 < M; a0 += per_pass) {
             const int nt = int(std::min<int64_t>(per_pass, M - a0));
             ks->gemv_q8(fmt, w, row_bytes, n_rows, K, xq + a0, xd + a0, nt, out + a0 * n_rows, n_rows);
+        }
+        return;
+    }
+    if (x16 && !tile_path) {
+        for (int64_t a0 = 0; a0 < M; a0 += per_pass) {
+            const int nt = int(std::min<int64_t>(per_pass, M - a0));
+            ks->gemv_q16(fmt, w, row_bytes, n_rows, K, x16 + a0, d16 + a0, nt, out + a0 * n_rows, n_rows);
         }
         return;
     }
@@ -187,6 +216,8 @@ struct LinearCtx {
     const float* x;  // [T, K] prepped for the GEMV path, or packed for the tile path
     std::vector<const int8_t*> xq;  // fast mode GEMV: quantized rows (else empty)
     std::vector<const float*> xd;
+    std::vector<const int16_t*> x16;  // default GEMV path: int16 rows (else empty)
+    std::vector<const float*> d16;
     int64_t T, K;
     LinearMat mats[kMaxLinearMats];
     int n_mats;
@@ -203,7 +234,8 @@ void linear_job(void* p, int) {
         const int64_t r0 = (u - a.unit0) * kChunkRows, nr = std::min(kChunkRows, a.N - r0);
         float* buf = grow(t_buf0, size_t(c.T * nr));
         rows_times(c.ks, c.fmt, c.tile_path, a.w + r0 * a.row_stride, a.row_stride, nr, c.K, c.x, c.T, buf,
-                   c.xq.empty() ? nullptr : c.xq.data(), c.xd.empty() ? nullptr : c.xd.data());
+                   c.xq.empty() ? nullptr : c.xq.data(), c.xd.empty() ? nullptr : c.xd.data(),
+                   c.x16.empty() ? nullptr : c.x16.data(), c.d16.empty() ? nullptr : c.d16.data());
         for (int64_t t = 0; t < c.T; ++t)
             for (int64_t r = 0; r < nr; ++r)
                 a.out[t * a.ldo + r0 + r] = buf[t * nr + r] + (a.bias ? a.bias[r0 + r] : 0.f);
@@ -231,6 +263,9 @@ struct MoeCtx {
     std::vector<float> asg_weight;
     std::vector<int64_t> asg_pos;  // [T*k]: sorted position of routing entry (t, j)
     bool fast = false;  // int8 activations for every slot (GEMV and tile)
+    bool act16 = false;  // int16 activations for the GEMV slots (the tile slots stay fp32)
+    std::vector<const int16_t*> asg_x16, asg_a16;  // act16: per sorted assignment (GEMV slots only)
+    std::vector<const float*> asg_xd16, asg_ad16;
     std::vector<const int8_t*> asg_xq, asg_aq;  // fast: per sorted assignment, its token's / act's row
     std::vector<const float*> asg_xd, asg_ad;
     float *xg, *act, *actp, *ys, *out;
@@ -249,10 +284,13 @@ void moe_gate_up_job(void* p, int) {
         const float* A = c.xg + s.xg_off;
         const int8_t* const* xq = c.fast ? c.asg_xq.data() + s.first : nullptr;
         const float* const* xd = c.fast ? c.asg_xd.data() + s.first : nullptr;
+        const bool q16 = c.act16 && !s.tile_path;
+        const int16_t* const* x16 = q16 ? c.asg_x16.data() + s.first : nullptr;
+        const float* const* d16 = q16 ? c.asg_xd16.data() + s.first : nullptr;
         rows_times(c.ks, c.fmt, s.tile_path, c.gate + s.expert * c.gate_es + r0 * rb, rb, nr, c.H, A, s.count, g,
-                   xq, xd);
+                   xq, xd, x16, d16);
         rows_times(c.ks, c.fmt, s.tile_path, c.up + s.expert * c.up_es + r0 * rb, rb, nr, c.H, A, s.count, v,
-                   xq, xd);
+                   xq, xd, x16, d16);
         const float* gb = c.gb ? c.gb + s.expert * c.I + r0 : nullptr;
         const float* ub = c.ub ? c.ub + s.expert * c.I + r0 : nullptr;
         c.ks->swiglu(g, v, s.count, nr, gb, ub, c.alpha, c.limit, c.act + s.first * c.I + r0, c.I);
@@ -268,9 +306,11 @@ void moe_down_job(void* p, int) {
         const Slot& s = c.slots[size_t(u / c.chunks_h)];
         const int64_t r0 = (u % c.chunks_h) * c.chunk_rows, nr = std::min(c.chunk_rows, c.H - r0);
         float* y = grow(t_buf0, size_t(s.count * nr));
+        const bool q16 = c.act16 && !s.tile_path;
         rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I,
                    c.actp + s.actp_off, s.count, y, c.fast ? c.asg_aq.data() + s.first : nullptr,
-                   c.fast ? c.asg_ad.data() + s.first : nullptr);
+                   c.fast ? c.asg_ad.data() + s.first : nullptr, q16 ? c.asg_a16.data() + s.first : nullptr,
+                   q16 ? c.asg_ad16.data() + s.first : nullptr);
         const float* db = c.db ? c.db + s.expert * c.H + r0 : nullptr;
         for (int64_t a = 0; a < s.count; ++a) {
             float* dst = c.ys + (s.first + a) * c.H + r0;
@@ -301,7 +341,7 @@ void moe_combine_job(void* p, int) {
 
 using namespace hm;
 
-HM_API int hm_abi_version() { return 4; }
+HM_API int hm_abi_version() { return 5; }
 
 HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
 
@@ -345,6 +385,14 @@ HM_API int hm_set_fast_math(int on) {
 
 HM_API int hm_get_fast_math() { return g_fast_math; }
 
+// 1: int16 activations on the GEMV path (see g_act16); 0 (default): fp32 activations there.
+HM_API int hm_set_act16(int on) {
+    g_act16 = on ? 1 : 0;
+    return 0;
+}
+
+HM_API int hm_get_act16() { return g_act16; }
+
 // dst[r*K + k] = W[r][k] (float32) through the current ISA's decoder; rows are row_stride apart.
 HM_API int hm_dequant(int fmt, const uint8_t* w, int64_t n_rows, int64_t row_stride, int64_t K, float* dst) {
     if (!fmt_ok(fmt) || K <= 0 || K % kBlockElems || n_rows < 0 || row_stride < row_bytes_of(fmt, K))
@@ -376,6 +424,14 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
         c.xd.resize(size_t(T));
         quantize_rows(rows.data(), T, K, grow(g_xq, size_t(T * q8x_bytes(K))), grow(g_xd, size_t(T * q8x_scales(K))),
                       c.xq.data(), c.xd.data());
+        c.x = nullptr;
+    } else if (!c.tile_path && g_act16.load()) {
+        std::vector<const float*> rows(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
+        c.x16.resize(size_t(T));
+        c.d16.resize(size_t(T));
+        quantize_rows16(rows.data(), T, K, grow(g_x16, size_t(T * q16x_elems(K))),
+                        grow(g_xd16, size_t(T * q16x_scales(K))), c.x16.data(), c.d16.data());
         c.x = nullptr;
     } else if (!c.tile_path) {
         float* xp = grow(g_xp, size_t(T * K));
@@ -425,6 +481,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     c.gb = gate_bias; c.ub = up_bias; c.db = down_bias;
     c.alpha = alpha; c.limit = limit; c.out = out;
     c.fast = g_fast_math.load() != 0;
+    c.act16 = !c.fast && g_act16.load() != 0;
 
     // Group the T*k assignments by expert (counting sort, stable in token order).
     const int64_t gemv_max = g_gemv_max_tokens.load();
@@ -453,8 +510,29 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     for (Slot& s : c.slots) {
         s.xg_off = xg_size;
         s.actp_off = actp_size;
-        xg_size += c.fast ? 0 : s.tile_path ? packed_floats(s.count, H) : s.count * H;
-        actp_size += c.fast ? 0 : s.tile_path ? packed_floats(s.count, I) : s.count * I;
+        const bool fp32_rows = !c.fast && (s.tile_path || !c.act16);
+        xg_size += !fp32_rows ? 0 : s.tile_path ? packed_floats(s.count, H) : s.count * H;
+        actp_size += !fp32_rows ? 0 : s.tile_path ? packed_floats(s.count, I) : s.count * I;
+    }
+    if (c.act16) {  // each token quantized once; GEMV-slot assignments point at their token's row
+        bool any = false;
+        for (const Slot& s : c.slots) any = any || !s.tile_path;
+        if (any) {
+            std::vector<const float*> tok(static_cast<size_t>(T));
+            for (int64_t t = 0; t < T; ++t) tok[size_t(t)] = x + t * H;
+            std::vector<const int16_t*> tq(static_cast<size_t>(T));
+            std::vector<const float*> td(static_cast<size_t>(T));
+            quantize_rows16(tok.data(), T, H, grow(g_x16, size_t(T * q16x_elems(H))),
+                            grow(g_xd16, size_t(T * q16x_scales(H))), tq.data(), td.data());
+            c.asg_x16.resize(size_t(n_asg));
+            c.asg_xd16.resize(size_t(n_asg));
+            for (int64_t a = 0; a < n_asg; ++a) {
+                c.asg_x16[size_t(a)] = tq[size_t(c.asg_token[size_t(a)])];
+                c.asg_xd16[size_t(a)] = td[size_t(c.asg_token[size_t(a)])];
+            }
+            c.asg_a16.assign(size_t(n_asg), nullptr);
+            c.asg_ad16.assign(size_t(n_asg), nullptr);
+        }
     }
     if (c.fast) {
         std::vector<const float*> tok(static_cast<size_t>(T));
@@ -479,6 +557,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     std::vector<const float*> rows;
     for (const Slot& s : c.slots) {
         if (c.fast) break;  // fast mode reads the quantized token rows instead
+        if (c.act16 && !s.tile_path) continue;  // reads the int16 token rows
         rows.clear();
         for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(x + int64_t(c.asg_token[size_t(a)]) * H);
         if (s.tile_path) c.ks->pack_a(rows.data(), s.count, H, c.xg + s.xg_off);
@@ -498,6 +577,10 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
             quantize_rows(rows.data(), s.count, I, grow(g_aq, size_t(n_asg * q8x_bytes(I))) + s.first * q8x_bytes(I),
                           grow(g_ad, size_t(n_asg * q8x_scales(I))) + s.first * q8x_scales(I),
                           c.asg_aq.data() + s.first, c.asg_ad.data() + s.first);
+        else if (c.act16 && !s.tile_path)
+            quantize_rows16(rows.data(), s.count, I, grow(g_a16, size_t(n_asg * q16x_elems(I))) + s.first * q16x_elems(I),
+                            grow(g_ad16, size_t(n_asg * q16x_scales(I))) + s.first * q16x_scales(I),
+                            c.asg_a16.data() + s.first, c.asg_ad16.data() + s.first);
         else if (s.tile_path) c.ks->pack_a(rows.data(), s.count, I, c.actp + s.actp_off);
         else
             for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.actp + s.actp_off + a * I, I);
@@ -652,6 +735,15 @@ HM_API int64_t hm_quantize_q8(const float* x, int64_t K, int8_t* q, float* d) {
     std::lock_guard<std::mutex> lock(hm::g_call_mu);
     hm::g_ks->quantize_q8(x, K, q, d);
     return hm::q8x_bytes(K);
+}
+
+// Default path's activation quantizer on one row, for tests: q gets q16x_elems(K) int16, d
+// q16x_scales(K) floats (layout in common.h). Returns the element count of q.
+HM_API int64_t hm_quantize_q16(const float* x, int64_t K, int16_t* q, float* d) {
+    if (K <= 0 || K % hm::kBlockElems != 0) return hm::kErrBadArg;
+    std::lock_guard<std::mutex> lock(hm::g_call_mu);
+    hm::g_ks->quantize_q16(x, K, q, d);
+    return hm::q16x_elems(K);
 }
 
 // gpt-oss's clamped SwiGLU over rows x n (the MoE's activation step), for tests; see KernelSet::swiglu.

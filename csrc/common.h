@@ -94,6 +94,15 @@ struct KernelSet {
     // (null biases add 0). NaN passes both clamps. Every ISA computes exactly swiglu_ref's bits.
     void (*swiglu)(const float* g, const float* u, int64_t rows, int64_t n, const float* gb, const float* ub,
                    float alpha, float limit, float* out, int64_t ldo);
+    // Default path (int16 activations): one activation row x [K] -> q / d exactly as
+    // quantize_x_q16 (below) writes them (bit-identical on every ISA).
+    void (*quantize_q16)(const float* x, int64_t K, int16_t* q, float* d);
+    // Like gemv, with x_t given as quantize_x_q16's output (xq[t], xd[t]): per block the exact
+    // integer dots of the weights (MXFP4: LUT2 values; Q8_0: the quants) with the hi and the lo
+    // int16 terms, (hi + lo 2^-16) times d_w * d_x, summed in fp32 (lane order is the ISA's: a
+    // stated tolerance, not bits).
+    void (*gemv_q16)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
+                     const int16_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
 };
 
 constexpr int kQgemmMaxTokens = 16;  // qgemm's token groups are decoded once per pair of 8
@@ -201,6 +210,61 @@ inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
     }
 }
 
+// Default path activations: per 32-block d = max|x|/32767, v = x * (32767/max|x|) (fp32),
+// hi = round-to-nearest-even(v) in [-32767, 32767], lo = rne((v - hi) * 65536) clamped to
+// +-32767 (v - hi is exact): x = d (hi + lo 2^-16) to ~2^-24 of the block max, fp32-like. The
+// GEMV multiplies both terms (vpmaddwd: twice the integer products, no extra decode work); one
+// int16 term alone was measured at 2-3e-4 relative error on the test models' logits (decode).
+// NaN or +-inf in a block gives d = NaN, q = 0 (NaN outputs, never swallowed); max|x| <
+// kQ8TinyAmax gives q = 0. Stored by pairs of blocks (2p, 2p+1): 64 hi then 64 lo int16 per
+// pair, each in 4 runs of 16:
+//   [b0 0..7 | b1 0..7] [b0 8..15 | b1 8..15] [b0 16..23 | b1 16..23] [b0 24..31 | b1 24..31],
+// the order in which a 256-bit unpack of the decoded weight bytes of the two blocks leaves
+// them (so the weights need no cross-lane shuffle); and 8 floats per pair [d0 x4 | d1 x4]. An
+// odd last block's missing partner is zeros (q and d).
+inline int64_t q16x_elems(int64_t K) { return q8x_pairs(K) * 128; }
+inline int64_t q16x_scales(int64_t K) { return q8x_pairs(K) * 8; }
+inline int64_t q16x_elem(int64_t b, int j) {  // position of element j of block b's hi term (lo: +64)
+    return (b / 2) * 128 + (j / 8) * 16 + (b % 2) * 8 + j % 8;
+}
+inline float q16x_scale(const float* d, int64_t b) { return d[(b / 2) * 8 + (b % 2) * 4]; }
+constexpr float kQ16Lo = 1.f / 65536.f;
+
+// The reference int16 quantizer (the scalar set's quantize_q16); SIMD twins match it bit for bit.
+inline void quantize_x_q16(const float* x, int64_t K, int16_t* q, float* d) {
+    const float kMagic = 12582912.f;  // 1.5 * 2^23: (v + magic) - magic rounds v to nearest even
+    const int64_t nb = K / kBlockElems;
+    std::memset(q, 0, size_t(q16x_elems(K)) * sizeof(int16_t));
+    std::memset(d, 0, size_t(q16x_scales(K)) * sizeof(float));
+    for (int64_t b = 0; b < nb; ++b) {
+        const float* xb = x + b * kBlockElems;
+        float amax = 0.f;
+        bool finite = true;
+        for (int j = 0; j < kBlockElems; ++j) {
+            const float a = xb[j] < 0.f ? -xb[j] : xb[j];
+            if (!(a <= 3.4028234663852886e38f)) finite = false;  // NaN or inf
+            else if (a > amax) amax = a;
+        }
+        const float scale = finite ? amax / 32767.f : __builtin_nanf("");
+        for (int i = 0; i < 4; ++i) d[(b / 2) * 8 + (b % 2) * 4 + i] = scale;
+        if (!finite) continue;
+        const float id = amax >= kQ8TinyAmax ? 32767.f / amax : 0.f;
+        for (int j = 0; j < kBlockElems; ++j) {
+            const float v = xb[j] * id;
+            float h = (v + kMagic) - kMagic;
+            h = h > 32767.f ? 32767.f : (h < -32767.f ? -32767.f : h);
+            float l = ((v - h) * 65536.f + kMagic) - kMagic;
+            l = l > 32767.f ? 32767.f : (l < -32767.f ? -32767.f : l);
+            q[q16x_elem(b, j)] = int16_t(int(h));
+            q[q16x_elem(b, j) + 64] = int16_t(int(l));
+        }
+    }
+}
+
+// Table of e8m0_half / 256 (exact): the int16 GEMV multiplies MXFP4 weights as LUT2 * 256 (the
+// decoded byte in the high half of a 16-bit lane, no sign extension needed).
+extern float g_e8m0_div256[256];
+
 // Where element j of block b sits in a quantize_x_q8 row, and that block's activation scale.
 inline int64_t q8x_elem(int64_t b, int j) {
     return (b / 2) * kQ8xPairBytes + (b % 2) * 16 + (j < 16 ? j : j + 16);
@@ -228,6 +292,9 @@ void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K,
 void quantize_q8(const float* x, int64_t K, int8_t* q, float* d);
 void swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float* gb, const float* ub,
             float alpha, float limit, float* out, int64_t ldo);
+void quantize_q16(const float* x, int64_t K, int16_t* q, float* d);
+void gemv_q16(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const int16_t* const* xq,
+              const float* const* xd, int nt, float* out, int64_t ldo);
 }  // namespace avx2
 
 namespace scalar {

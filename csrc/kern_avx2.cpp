@@ -523,6 +523,63 @@ void gemv_q8(int fmt, const uint8_t* w, int64_t rb, int64_t n, int64_t K, const 
     else gemv_q8_fmt<kQ8_0>(w, rb, n, K, xq, xd, nt, out, ldo);
 }
 
+// ---- default path: int16 activations (shared with the AVX-512 set, which sums with vpdpwssd).
+inline __m256i dot16_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x)); }
+inline __m256i dot16_first(__m256i w, __m256i x) { return _mm256_madd_epi16(w, x); }
+#include "gemv_q16.inc"
+
+// quantize_x_q16's vector twin (same bits): v = x * (32767 / amax) lies within 32767.004 of
+// zero and (v - hi) * 65536 within 32768, where cvtps's round-to-nearest-even equals the scalar
+// magic-number rounding (clamped the same way).
+void quantize_q16(const float* x, int64_t K, int16_t* q, float* d) {
+    const int64_t nb = K / kBlockElems;
+    std::memset(q, 0, size_t(q16x_elems(K)) * sizeof(int16_t));
+    std::memset(d, 0, size_t(q16x_scales(K)) * sizeof(float));
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 fmax = _mm256_set1_ps(3.4028234663852886e38f);
+    const __m256 lim = _mm256_set1_ps(32767.f), nlim = _mm256_set1_ps(-32767.f), s16 = _mm256_set1_ps(65536.f);
+    for (int64_t b = 0; b < nb; ++b) {
+        const float* xb = x + b * kBlockElems;
+        int16_t* qb = q + (b / 2) * 128 + (b % 2) * 8;
+        float* db = d + (b / 2) * 8 + (b % 2) * 4;
+        __m256 v[4], a[4];
+        for (int i = 0; i < 4; ++i) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            a[i] = _mm256_and_ps(v[i], absmask);
+        }
+        const __m256 ok = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(a[0], fmax, _CMP_LE_OQ), _mm256_cmp_ps(a[1], fmax, _CMP_LE_OQ)),
+                                        _mm256_and_ps(_mm256_cmp_ps(a[2], fmax, _CMP_LE_OQ), _mm256_cmp_ps(a[3], fmax, _CMP_LE_OQ)));
+        if (_mm256_movemask_ps(ok) != 0xff) {
+            for (int i = 0; i < 4; ++i) db[i] = __builtin_nanf("");
+            continue;
+        }
+        __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float scale = amax / 32767.f;
+        for (int i = 0; i < 4; ++i) db[i] = scale;
+        const __m256 id = _mm256_set1_ps(amax >= kQ8TinyAmax ? 32767.f / amax : 0.f);
+        __m256i hi[4], lo[4];
+        for (int i = 0; i < 4; ++i) {
+            const __m256 vi = _mm256_mul_ps(v[i], id);
+            const __m256 h = _mm256_max_ps(_mm256_min_ps(_mm256_round_ps(vi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lim), nlim);
+            const __m256 l = _mm256_mul_ps(_mm256_sub_ps(vi, h), s16);
+            hi[i] = _mm256_cvtps_epi32(h);
+            lo[i] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(_mm256_round_ps(l, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lim), nlim));
+        }
+        for (int h = 0; h < 2; ++h) {  // elements 16h..16h+15 -> runs 2h (0..7) and 2h+1 (8..15)
+            const __m256i ph = _mm256_permute4x64_epi64(_mm256_packs_epi32(hi[2 * h], hi[2 * h + 1]), 0xD8);
+            const __m256i pl = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo[2 * h], lo[2 * h + 1]), 0xD8);
+            _mm_storeu_si128((__m128i*)(qb + 32 * h), _mm256_castsi256_si128(ph));
+            _mm_storeu_si128((__m128i*)(qb + 32 * h + 16), _mm256_extracti128_si256(ph, 1));
+            _mm_storeu_si128((__m128i*)(qb + 64 + 32 * h), _mm256_castsi256_si128(pl));
+            _mm_storeu_si128((__m128i*)(qb + 64 + 32 * h + 16), _mm256_extracti128_si256(pl, 1));
+        }
+    }
+}
+
 // ---- fast mode, many tokens: int8 GEMM (the tile path's int8 twin).
 // A panel of 8 rows is decoded once into L1 as bytes, k-quad major: wt[b*256 + q*32 + r*4 + i] =
 // weight 4q+i of block b in row r, so one vector holds 4 k of 8 rows; then each token's 4 int8
@@ -883,6 +940,11 @@ void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K,
     hm::gemm_q8(fmt, w, row_bytes, N, K, xq, xd, M, C, ldc);
 }
 void quantize_q8(const float* x, int64_t K, int8_t* q, float* d) { hm::quantize_q8(x, K, q, d); }
+void quantize_q16(const float* x, int64_t K, int16_t* q, float* d) { hm::quantize_q16(x, K, q, d); }
+void gemv_q16(int fmt, const uint8_t* w, int64_t rb, int64_t n, int64_t K, const int16_t* const* xq,
+              const float* const* xd, int nt, float* out, int64_t ldo) {
+    hm::gemv_q16(fmt, w, rb, n, K, xq, xd, nt, out, ldo);
+}
 void swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float* gb, const float* ub,
             float alpha, float limit, float* out, int64_t ldo) {
     hm::swiglu(g, u, rows, n, gb, ub, alpha, limit, out, ldo);
@@ -891,7 +953,7 @@ void swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float
 
 const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm, avx2::gemv_q8,
                                 avx2::attn_group, avx2::qgemm, avx2::gemm_q8, avx2::quantize_q8,
-                                avx2::swiglu};
+                                avx2::swiglu, avx2::quantize_q16, avx2::gemv_q16};
 
 }  // namespace hm
 #pragma GCC pop_options

@@ -1,10 +1,11 @@
-// AVX-512 (F/BW/VL) GEMV and decode. 16 lanes let one vpermps do the whole 16-entry E2M1 lookup,
-// so the activations stay in natural order. The tile GEMM is the AVX2 one (see common.h).
+// AVX-512 (F/BW/VL/VNNI) GEMV and decode. 16 lanes let one vpermps do the whole 16-entry E2M1
+// lookup, so the activations stay in natural order. The int16 GEMV is the AVX2 one with vpdpwssd
+// summing the products (one instruction for vpmaddwd + vpaddd). The tile GEMM is the AVX2 one.
 // Internal linkage only, as in kern_avx2.cpp.
 #include "common.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #include <immintrin.h>
 
 namespace hm {
@@ -84,6 +85,23 @@ void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, cons
 
 #include "gemv_dispatch.inc"
 
+// ---- default path: the int16 GEMV (gemv_q16.inc) with VNNI sums.
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+constexpr int64_t kGemvChunkFloats = 2048;  // as kern_avx2.cpp: K-chunked activations of 8 KB
+constexpr int64_t kGemvGroupRows = 24;
+constexpr int64_t kGemvWholeBytes = 24 << 10;
+inline void prefetch_row_l2(const uint8_t* row, int64_t row_bytes) {
+    for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char*)row + o, _MM_HINT_T1);
+}
+inline __m256i dot16_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
+inline __m256i dot16_first(__m256i w, __m256i x) { return _mm256_madd_epi16(w, x); }
+#include "gemv_q16.inc"
+
 void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* tile) {
     const int64_t nb = K / kBlockElems;
     const __m512 lut = mx_lut();
@@ -109,7 +127,7 @@ void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_
 
 const KernelSet kAvx512Kernels = {"avx512", prep_x, gemv, decode, avx2::pack_a, avx2::gemm,
                                   avx2::gemv_q8, avx2::attn_group, avx2::qgemm, avx2::gemm_q8,
-                                  avx2::quantize_q8, avx2::swiglu};
+                                  avx2::quantize_q8, avx2::swiglu, avx2::quantize_q16, gemv_q16};
 
 }  // namespace hm
 #pragma GCC pop_options

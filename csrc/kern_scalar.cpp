@@ -158,9 +158,32 @@ void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K,
         }
 }
 
+// ---- default path: int16 activations. The exact integer dot per block, times d_w * d_x.
+void gemv_q16(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
+              const int16_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo) {
+    const int64_t nb = K / kBlockElems, bb = block_bytes(fmt);
+    int8_t wv[kBlockElems];
+    for (int64_t r = 0; r < n_rows; ++r)
+        for (int t = 0; t < nt; ++t) {
+            float acc = 0.f;
+            for (int64_t b = 0; b < nb; ++b) {
+                float dw;
+                load_w_int(fmt, w + r * row_bytes + b * bb, wv, dw);
+                int32_t hi = 0, lo = 0;
+                for (int j = 0; j < kBlockElems; ++j) {
+                    hi += int32_t(wv[j]) * xq[t][q16x_elem(b, j)];
+                    lo += int32_t(wv[j]) * xq[t][q16x_elem(b, j) + 64];
+                }
+                acc += std::fma(float(lo), kQ16Lo, float(hi)) * (dw * q16x_scale(xd[t], b));
+            }
+            out[t * ldo + r] = acc;
+        }
+}
+
 }  // namespace
 
 const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, pack_rows, gemm, gemv_q8,
-                                  scalar::attn_group, qgemm, gemm_q8, quantize_x_q8, swiglu_ref};
+                                  scalar::attn_group, qgemm, gemm_q8, quantize_x_q8, swiglu_ref,
+                                  quantize_x_q16, gemv_q16};
 
 }  // namespace hm

@@ -15,5 +15,14 @@ def use_isa(request):
         K.set_isa("auto")
         K.set_gemv_max_tokens(16)  # the library's default
         K.set_num_threads(1)
+        K.set_fp32_activations(True)
 
 
+
+
+@pytest.fixture(params=["int16", "fp32"])
+def act_mode(request):
+    """Runs a test with int16 activations on the GEMV path and with fp32 (the default)."""
+    K.set_fp32_activations(request.param == "fp32")
+    yield request.param
+    K.set_fp32_activations(True)

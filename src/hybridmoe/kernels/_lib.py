@@ -31,6 +31,9 @@ _SIGNATURES = {
     "hm_get_gemv_max_tokens": ([], _I32),
     "hm_set_fast_math": ([_I32], _I32),
     "hm_get_fast_math": ([], _I32),
+    "hm_set_act16": ([_I32], _I32),
+    "hm_get_act16": ([], _I32),
+    "hm_quantize_q16": ([_P, _I64, _P, _P], _I64),
     "hm_dequant": ([_I32, _P, _I64, _I64, _I64, _P], _I32),
     "hm_linear": ([_I32, _P, _I64, _I64, _P, _I64, _I64, _P, _P], _I32),
     "hm_linear_multi": ([_I32, _P, _I64, _I64, _I32, _P, _P, _P, _P, _P, _P], _I32),
@@ -43,7 +46,7 @@ _SIGNATURES = {
     "hm_moe_forward": ([_P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I32, _P, _I64, _P, _I64, _P, _I64,
                         _P, _P, _P, _F, _F, _P], _I32),
 }
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 
 def _find_library() -> str | None:
