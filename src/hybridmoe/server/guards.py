@@ -28,6 +28,11 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _PARSE_OFF_LOOP_BYTES = 1 << 16
+# A refused body is read and dropped (up to these bounds) before the 413 goes out: most clients
+# send the whole body before reading the answer, and a connection closed under them reads as a
+# reset, not as a 413. Past the bounds the connection is closed.
+_DRAIN_MAX_BYTES = 256 << 20
+_DRAIN_MAX_SECONDS = 5.0
 
 
 async def _answer(err: APIError, send: Send) -> None:
@@ -58,7 +63,9 @@ class BodyGuard:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await _answer(_too_large(self.max_bytes, declared), send)  # uvicorn discards the unread rest
+            if not _expects_continue(scope):  # else the client waits for our answer before sending
+                await _drain(receive)
+            await _answer(_too_large(self.max_bytes, declared), send)
             return
         chunks, size = [], 0
         while True:
@@ -68,6 +75,9 @@ class BodyGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
+                del chunks
+                if message.get("more_body", False):
+                    await _drain(receive)
                 await _answer(_too_large(self.max_bytes, None), send)
                 return
             chunks.append(chunk)
@@ -83,14 +93,34 @@ class BodyGuard:
         await self.app(scope, _replay(body, receive), send)
 
 
-def _content_length(scope: Scope) -> int | None:
+def _header(scope: Scope, wanted: bytes) -> bytes | None:
     for name, value in scope["headers"]:
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
+        if name.lower() == wanted:
+            return value
     return None
+
+
+def _content_length(scope: Scope) -> int | None:
+    value = _header(scope, b"content-length")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _expects_continue(scope: Scope) -> bool:
+    return (_header(scope, b"expect") or b"").lower() == b"100-continue"
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and drop the rest of a refused body, within _DRAIN_MAX_BYTES / _DRAIN_MAX_SECONDS."""
+    dropped = 0
+    with anyio.move_on_after(_DRAIN_MAX_SECONDS):
+        while dropped <= _DRAIN_MAX_BYTES:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            dropped += len(message.get("body", b""))
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

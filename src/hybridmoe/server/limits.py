@@ -23,7 +23,7 @@ def check_template_kwargs(kwargs: Mapping[str, Any] | None, param: str = "chat_t
     """400 if a key collides with the renderer's own arguments."""
     clash = sorted(RESERVED_TEMPLATE_ARGS.intersection(kwargs or {}))
     if clash:
-        raise bad_request(f"{param}: key {clash[0]!r} is reserved (the template receives it from the request "
+        raise bad_request(f"{param}.{clash[0]}: this key is reserved (the template receives it from the request "
                           f"itself); reserved keys: {', '.join(sorted(RESERVED_TEMPLATE_ARGS))}",
                           param=f"{param}.{clash[0]}")
 
