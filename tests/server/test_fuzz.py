@@ -2,7 +2,7 @@
 serving. Bodies are built by hypothesis from /openapi.json, every field also drawing hostile
 values (lone surrogates, 2**64 and beyond, NaN/Infinity, deep nesting, reserved template keys).
 
-HM_FUZZ_EXAMPLES sets the number of requests (default 240, CI-sized); HM_FUZZ_RANDOM=1 draws a
+HM_FUZZ_EXAMPLES sets the number of requests (default 150, CI-sized); HM_FUZZ_RANDOM=1 draws a
 new random sequence instead of the fixed one CI replays.
 """
 
@@ -20,7 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from .conftest import ServerProcess  # noqa: E402
 
-N_EXAMPLES = int(os.environ.get("HM_FUZZ_EXAMPLES", "240"))
+N_EXAMPLES = int(os.environ.get("HM_FUZZ_EXAMPLES", "150"))
 GENERATION_CAP = 4  # tokens: the fuzz is about request handling, not generation
 
 _DEEP = {"a": None}
