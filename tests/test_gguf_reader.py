@@ -204,12 +204,12 @@ def test_bad_magic_and_version(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(GGUFError, match="cannot open"):
+    with pytest.raises(GGUFError, match="nope.gguf: model file not found"):
         open_model(tmp_path / "nope.gguf")
     d = tmp_path / "dir.gguf"
     d.mkdir()
     (d / "pad").write_bytes(bytes(64))
-    with pytest.raises(GGUFError, match="dir.gguf"):
+    with pytest.raises(GGUFError, match="dir.gguf: is a directory"):
         open_model(d)
 
 

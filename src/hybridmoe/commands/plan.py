@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         mf = open_model(args.model)
         try:
-            cfg = GptOssConfig.from_metadata(mf.metadata)
+            cfg = GptOssConfig.from_metadata(mf.metadata, mf.path)
             plan = make_plan(cfg, mf.tensors, options_from_args(args))
         finally:
             mf.close()

@@ -1,6 +1,7 @@
 """`hybridmoe serve`: an OpenAI-compatible server taking llama-server's flag names.
 
-The HTTP socket opens at once (/health says 503 "Loading model"); the model loads in a thread.
+The model file is checked and the port bound first (a bad file or a busy port fails at once, in
+one line); then /health says 503 "Loading model" while the model loads in a thread.
 llama-server flags that mean nothing here are accepted with a warning, so existing command
 lines keep working.
 """
@@ -11,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -33,6 +35,15 @@ def _json_object(value: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return obj
+
+
+def _size(value: str) -> int:
+    from hybridmoe.server.limits import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -90,6 +101,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore files")
     a("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     a("--max-queue", type=int, default=64, help="requests that may wait for a slot before 503")
+    a("--max-body-size", type=_size, default=None,
+      help="largest request body in bytes, k/M/G suffix allowed (default 8M); larger ones get 413")
+    a("--shutdown-grace", type=float, default=5.0,
+      help="seconds in-flight requests may run on after SIGTERM before they are ended (default 5)")
     # Test hook: honour the request field `test_forced_output` (text whose tokens replace the sampled
     # ones), so harmony reasoning/tool-call paths can be tested through a server with a random model.
     a("--test-hooks", action="store_true", help=argparse.SUPPRESS)
@@ -150,8 +165,12 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
 def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
     """(path, is_random): the given file, the bundled demo, or a synthetic tiny model made once."""
     if args.model:
-        if not Path(args.model).is_file():
-            raise SystemExit(f"hybridmoe serve: model file not found: {args.model}")
+        from hybridmoe.gguf.validate import check_regular_file
+
+        try:
+            check_regular_file(args.model)  # not found / a directory / a FIFO / a device, said as such
+        except ValueError as e:
+            raise SystemExit(f"hybridmoe serve: error: {e}") from None
         return args.model, False
     from hybridmoe.engine.llm import DEMO_MODEL, resolve_model_path
 
@@ -196,6 +215,47 @@ def _cache_config(args: argparse.Namespace) -> Any:
                        cache_ram_bytes=limit)
 
 
+def _preflight(args: argparse.Namespace, path: str) -> None:
+    """Header, metadata values and context size checked before the port is bound and before torch
+    is imported: a damaged file fails in a second, in one line (GGUFError / ValueError)."""
+    from hybridmoe.gguf.reader import open_model
+    from hybridmoe.models.gpt_oss_config import GptOssConfig
+    from hybridmoe.server.limits import check_template_kwargs
+
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port} is not a TCP port (0-65535)")
+    if args.chat_template_kwargs:
+        try:
+            check_template_kwargs(args.chat_template_kwargs, "--chat-template-kwargs")
+        except Exception as e:  # an APIError: say it as a command-line error
+            raise ValueError(str(e)) from None
+    if args.ctx_size < 0:
+        raise ValueError(f"-c {args.ctx_size}: the context size must be >= 0 (0 = the model's)")
+    mf = open_model(path)
+    try:
+        GptOssConfig.from_metadata(mf.metadata, mf.path)
+    finally:
+        mf.close()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port, or ValueError saying why not (port in use, an
+    address this machine does not have, a name that does not resolve)."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port {port} is not a TCP port (0-65535)")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        reason = e.strerror or str(e)
+        raise ValueError(f"cannot listen on {host}:{port}: {reason}") from None
+    return sock
+
+
 def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
     """Model loading thread: LLM -> Engine -> Serving, then /health turns 200. On failure the
     server stops and `serve` exits 1, as llama-server does (no half-alive process)."""
@@ -232,10 +292,6 @@ def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from hybridmoe.server.app import ServerState, create_app
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)  # e.g. "no CUDA device: ... run on the CPU" from placement
     for flag in getattr(args, "unknown_flags", []):
@@ -253,14 +309,35 @@ def run(args: argparse.Namespace) -> int:
     if is_random:
         log.warning("no bundled demo model in this build: serving a RANDOM synthetic model (%s); its output is "
                     "noise. Pass -m FILE for a real model.", path)
+    _preflight(args, path)
     keys = _api_keys(args)
+    sock = bind_socket(args.host, args.port)
+
+    import uvicorn
+
+    from hybridmoe.server.app import ServerState, create_app
+    from hybridmoe.server.graceful import GracefulServer
+
     state = ServerState(api_keys=keys, metrics_enabled=args.metrics)
+    if args.max_body_size is not None:
+        state.max_body_bytes = args.max_body_size
     app = create_app(state)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    threading.Thread(target=_load, args=(args, path, state, server), name="hybridmoe-load", daemon=True).start()
-    print(f"hybridmoe: listening on http://{args.host}:{args.port} (model {path})", flush=True)
-    server.run()
+    grace = max(0.0, args.shutdown_grace)
+    config = uvicorn.Config(app, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=grace + GracefulServer.FINAL_EVENT_SECONDS)
+    server = GracefulServer(config, grace, state)
+    loader = threading.Thread(target=_load, args=(args, path, state, server), name="hybridmoe-load", daemon=True)
+    loader.start()
+    print(f"hybridmoe: listening on http://{args.host}:{sock.getsockname()[1]} (model {path})", flush=True)
+    server.run(sockets=[sock])
     if state.serving is not None:
         state.serving.engine.close()
-    return 1 if state.load_error else 0
+    code = 1 if state.load_error else 0
+    if loader.is_alive():
+        # Stopped while loading: the loader's native threads cannot be joined, and C++ destructors
+        # of running threads abort at exit. Leave without running them.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -15,7 +15,7 @@ import torch
 
 from hybridmoe.engine.request import GenerationRequest
 from hybridmoe.engine.sampling import SamplingParams
-from hybridmoe.gguf.reader import open_model
+from hybridmoe.gguf.reader import GGUFError, open_model
 from hybridmoe.models.gpt_oss import GptOss, SeqChunk
 from hybridmoe.tokenizer.tokenizer import Tokenizer
 
@@ -72,13 +72,25 @@ def _placement(model_file: Any, options: dict[str, Any], ctx_size: int, batch_si
     from hybridmoe.placement.plan import PlacementOptions, check_fits, make_plan, resolve_vram_budget
     from hybridmoe.placement.report import format_plan
 
-    cfg = GptOssConfig.from_metadata(model_file.metadata)
+    cfg = GptOssConfig.from_metadata(model_file.metadata, model_file.path)
     opts.setdefault("batch_size", batch_size)
     popts = PlacementOptions(ctx_size=ctx_size, **opts)
     plan = make_plan(cfg, model_file.tensors, popts)
     log.info("placement plan:\n%s", format_plan(plan))
     check_fits(plan, resolve_vram_budget(popts), available_ram_bytes())
     return plan
+
+
+def _cpu_context(model_file: Any, ctx_size: int, n_parallel: int) -> int:
+    """The total context for a CPU KV cache: the request, or the model's capped to fit in RAM."""
+    from hybridmoe.models.gpt_oss_config import GptOssConfig
+    from hybridmoe.placement.memory import available_ram_bytes, fit_context
+
+    cfg = GptOssConfig.from_metadata(model_file.metadata, model_file.path)
+    fit = fit_context(cfg, ctx_size, n_parallel, 4, available_ram_bytes())
+    if fit.note:
+        log.warning("%s", fit.note)
+    return fit.ctx_size
 
 
 def _warn_if_weights_exceed_ram(model_file: Any) -> None:
@@ -123,10 +135,15 @@ class LLM:
         self.path = resolve_model_path(path)
         t0 = time.perf_counter()
         self.file = open_model(self.path)
-        self.tokenizer = Tokenizer.from_metadata(self.file.metadata)
+        try:
+            self.tokenizer = Tokenizer.from_metadata(self.file.metadata)
+        except (ValueError, TypeError) as e:  # a damaged tokenizer array: name the file
+            raise GGUFError(f"{self.path}: {e}") from None
         if ctx_size < 0:
             raise ValueError(f"ctx_size must be >= 0, got {ctx_size}")
         plan = _placement(self.file, placement_options, ctx_size, max(1, batch_size))
+        if plan is None:  # CPU: the KV cache is float32 in RAM; the plan checks it on devices
+            ctx_size = _cpu_context(self.file, ctx_size, placement_options.get("n_parallel") or 1)
         self.model = GptOss(self.file, plan, progress=progress)
         self.model.torch_threads = n_threads
         self.config = self.model.config

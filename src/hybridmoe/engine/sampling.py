@@ -37,6 +37,8 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError(f"seed must be a 64-bit integer (negative: random), got {self.seed}")
         if self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
 

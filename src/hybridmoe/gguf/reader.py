@@ -40,6 +40,7 @@ _SCALAR_STRUCTS = {t: struct.Struct("<" + _STRUCT_CHARS[dt[1:]]) for t, dt in VA
 # (gpt-oss: 446k merges, 687 tensors); checked before the matching allocations.
 MAX_ARRAY_ITEMS = 1 << 24
 MAX_TENSORS = 1 << 20
+MAX_ARRAY_DEPTH = 16  # arrays of arrays: real files nest at most 2 levels
 _FAST_WINDOW_MAX = 1 << 26  # bytes scanned by the numpy string-offset search
 _SPLIT_RE = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -102,14 +103,16 @@ class _Cursor:
         if vt == GGUFValueType.STRING:
             return self.string(what)
         if vt == GGUFValueType.ARRAY:
-            return self.array(what)
+            return self.array(what, depth=1)
         st = _SCALAR_STRUCTS[vt]
         self.need(st.size, what)
         v = st.unpack_from(self.buf, self.pos)[0]
         self.pos += st.size
         return bool(v) if vt == GGUFValueType.BOOL else v
 
-    def array(self, what: str) -> list:
+    def array(self, what: str, depth: int) -> list:
+        if depth > MAX_ARRAY_DEPTH:
+            raise self.fail(f"{what}: arrays nested {depth} deep (limit {MAX_ARRAY_DEPTH})")
         etype = _value_type(self, self.u32(f"element type of {what}"), f"elements of {what}")
         self.last_elem_type = etype
         count = self.u64(f"element count of {what}")
@@ -122,7 +125,7 @@ class _Cursor:
         if etype == GGUFValueType.STRING:
             return self.string_array(count, what)
         if etype == GGUFValueType.ARRAY:
-            return [self.array(f"{what}[{i}]") for i in range(count)]
+            return [self.array(f"{what}[{i}]", depth + 1) for i in range(count)]
         arr = np.frombuffer(self.buf, dtype=VALUE_DTYPES[etype], count=count, offset=self.pos)
         self.pos += arr.nbytes
         return arr.astype(bool).tolist() if etype == GGUFValueType.BOOL else arr.tolist()
@@ -226,8 +229,11 @@ class GGUFFile:
     """One GGUF file: parsed header + a read-only memmap of the whole file."""
 
     def __init__(self, path: str | os.PathLike, file_index: int = 0) -> None:
+        from hybridmoe.gguf.validate import check_regular_file  # validate imports GGUFError from here
+
         self.path = os.fspath(path)
         self.file_index = file_index
+        check_regular_file(self.path)
         try:
             size = os.path.getsize(self.path)
         except OSError as e:
@@ -284,6 +290,16 @@ class GGUFFile:
         self.tensors: dict[str, TensorInfo] = {}
         for name, ne, gtype, rel in raw_infos:
             self.tensors[name] = self._finish_info(cur, name, ne, gtype, rel)
+        self._check_no_overlap(cur)
+
+    def _check_no_overlap(self, cur: _Cursor) -> None:
+        """Tensor data ranges must be disjoint: an offset pointing into another tensor's bytes
+        would load silently as garbage."""
+        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in self.tensors.values() if t.nbytes)
+        for (_, end, name), (start, _, other) in zip(spans, spans[1:]):
+            if start < end:
+                raise cur.fail(f"tensor {other!r}: offset = {start - self.data_offset} overlaps tensor "
+                               f"{name!r} (its data ends at {end - self.data_offset})")
 
     def _alignment(self, cur: _Cursor) -> int:
         a = self.metadata.get(Keys.ALIGNMENT, DEFAULT_ALIGNMENT)

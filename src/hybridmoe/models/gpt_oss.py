@@ -132,7 +132,7 @@ class GptOss:
     """The model: weights, forward over a batch of sequence chunks, cache factory."""
 
     def __init__(self, model_file: ModelFile, placement: Placement | None = None, progress: bool = False):
-        self.config = cfg = GptOssConfig.from_metadata(model_file.metadata)
+        self.config = cfg = GptOssConfig.from_metadata(model_file.metadata, model_file.path)
         self.file = model_file
         placement = placement or _AllOn("cpu")
         self.placement = placement

@@ -9,12 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridmoe.gguf.reader import GGUFError
+from hybridmoe.gguf.validate import MetadataValues
 
 ARCH = "gpt-oss"
 SWIGLU_ALPHA = 1.702  # hard-coded in every implementation; no GGUF key carries it
 SWIGLU_LIMIT = 7.0
 DEFAULT_YARN_BETA_FAST = 32.0
 DEFAULT_YARN_BETA_SLOW = 1.0
+# Far above any real model (gpt-oss-120b: 36 layers, width 2880, 128 experts, 201k vocab); a
+# larger value is a damaged file, refused before it sizes an allocation.
+MAX_LAYERS = 4096
+MAX_WIDTH = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class GptOssConfig:
     yarn_beta_slow: float
 
     def __post_init__(self) -> None:
+        if min(self.n_layers, self.n_heads, self.n_kv_heads, self.sliding_window) < 1:
+            raise GGUFError(f"layer, head counts and sliding window must be positive: {self}")
         if self.n_heads % self.n_kv_heads:
             raise GGUFError(f"head_count {self.n_heads} is not a multiple of head_count_kv {self.n_kv_heads}")
         if not 0 < self.n_experts_used <= self.n_experts:
@@ -57,41 +64,52 @@ class GptOssConfig:
         return n_full * self.n_kv_heads * self.head_dim * 2 * 2
 
     @classmethod
-    def from_metadata(cls, meta: dict[str, Any]) -> "GptOssConfig":
+    def from_metadata(cls, meta: dict[str, Any], source: str = "model metadata") -> "GptOssConfig":
+        """The config from GGUF metadata; GGUFError naming `source` (the file), the key and the
+        value for anything missing, mistyped or out of range, before any of it is used."""
         arch = meta.get("general.architecture")
         if arch != ARCH:
-            raise GGUFError(f"unsupported architecture {arch!r}: this loader handles {ARCH!r}")
-
-        def get(key: str, default: Any = None, required: bool = True) -> Any:
-            full = f"{ARCH}.{key}"
-            if full in meta:
-                return meta[full]
-            if required and default is None:
-                raise GGUFError(f"missing metadata key {full!r}")
-            return default
-
-        n_heads = int(get("attention.head_count"))
-        hidden = int(get("embedding_length"))
-        head_dim = int(get("attention.key_length", hidden // n_heads))
+            raise GGUFError(f"{source}: unsupported architecture {arch!r}: this loader handles {ARCH!r}")
+        m = MetadataValues(meta, source, prefix=f"{ARCH}.")
+        n_layers = m.int("block_count", maximum=MAX_LAYERS)
+        hidden = m.int("embedding_length", maximum=MAX_WIDTH)
+        n_heads = m.int("attention.head_count", maximum=MAX_WIDTH)
+        n_kv_heads = m.int("attention.head_count_kv", maximum=MAX_WIDTH)
+        if n_heads % n_kv_heads:
+            raise m.fail("attention.head_count_kv", n_kv_heads,
+                         f"does not divide attention.head_count = {n_heads}")
+        head_dim = m.int("attention.key_length", max(1, hidden // n_heads), maximum=MAX_WIDTH)
+        if head_dim % 2:
+            raise m.fail("attention.key_length", head_dim, "must be even for RoPE")
+        n_experts = m.int("expert_count", maximum=MAX_WIDTH)
+        n_used = m.int("expert_used_count", maximum=n_experts)
+        ffn_key = "expert_feed_forward_length" if m.has("expert_feed_forward_length") else "feed_forward_length"
         vocab = meta.get("tokenizer.ggml.tokens")
-        scaling_type = get("rope.scaling.type", "none")
-        factor = float(get("rope.scaling.factor", 1.0)) if scaling_type == "yarn" else 1.0
+        n_vocab = len(vocab) if isinstance(vocab, list) and vocab else None
+        scaling_type = m.raw("rope.scaling.type", "none")
+        yarn = scaling_type == "yarn"
+        factor = m.float("rope.scaling.factor", 1.0) if yarn else 1.0
+        beta_fast = m.float("rope.scaling.yarn_beta_fast", DEFAULT_YARN_BETA_FAST)
+        beta_slow = m.float("rope.scaling.yarn_beta_slow", DEFAULT_YARN_BETA_SLOW)
+        if factor > 1.0 and not beta_fast > beta_slow:
+            raise m.fail("rope.scaling.yarn_beta_fast", beta_fast,
+                         f"must be greater than rope.scaling.yarn_beta_slow = {beta_slow:g}")
         return cls(
-            n_layers=int(get("block_count")),
+            n_layers=n_layers,
             hidden=hidden,
             n_heads=n_heads,
-            n_kv_heads=int(get("attention.head_count_kv")),
+            n_kv_heads=n_kv_heads,
             head_dim=head_dim,
-            n_experts=int(get("expert_count")),
-            n_experts_used=int(get("expert_used_count")),
-            expert_ffn=int(get("expert_feed_forward_length", get("feed_forward_length", required=False))),
-            vocab_size=int(get("vocab_size", len(vocab) if vocab is not None else None)),
-            context_length=int(get("context_length")),
-            sliding_window=int(get("attention.sliding_window")),
-            rms_eps=float(get("attention.layer_norm_rms_epsilon")),
-            rope_theta=float(get("rope.freq_base", 10000.0)),
+            n_experts=n_experts,
+            n_experts_used=n_used,
+            expert_ffn=m.int(ffn_key, maximum=MAX_WIDTH),
+            vocab_size=m.int("vocab_size", n_vocab, maximum=MAX_WIDTH),
+            context_length=m.int("context_length"),
+            sliding_window=m.int("attention.sliding_window"),  # even layers slide: always used
+            rms_eps=m.float("attention.layer_norm_rms_epsilon"),
+            rope_theta=m.float("rope.freq_base", 10000.0, above=1.0),  # log(base) divides
             rope_scaling_factor=factor,
-            rope_original_ctx=int(get("rope.scaling.original_context_length", 4096)),
-            yarn_beta_fast=float(get("rope.scaling.yarn_beta_fast", DEFAULT_YARN_BETA_FAST)),
-            yarn_beta_slow=float(get("rope.scaling.yarn_beta_slow", DEFAULT_YARN_BETA_SLOW)),
+            rope_original_ctx=m.int("rope.scaling.original_context_length", 4096),
+            yarn_beta_fast=beta_fast,
+            yarn_beta_slow=beta_slow,
         )

@@ -138,3 +138,57 @@ def cuda_free_bytes(device: str) -> int | None:
         return None
     free, _total = torch.cuda.mem_get_info(torch.device(device))
     return int(free)
+
+
+def kv_cache_bytes(cfg: ModelShape, ctx_total: int, n_parallel: int, kv_dtype_bytes: float,
+                   ring_slack: int = 64) -> int:
+    """KV bytes of `n_parallel` slots sharing `ctx_total` positions, as the CPU cache allocates
+    them: full layers per slot context, sliding layers a ring of window + slack."""
+    per_slot = max(1, ctx_total // max(1, n_parallel))
+    per_token = kv_bytes_per_token(cfg, kv_dtype_bytes)
+    positions = sum(min(per_slot, cfg.sliding_window + ring_slack) if cfg.layer_is_sliding(i) else per_slot
+                    for i in range(cfg.n_layers))
+    return int(positions * per_token * n_parallel)
+
+
+@dataclass(frozen=True)
+class ContextFit:
+    ctx_size: int  # total context to use
+    note: str | None  # why it was capped (log it), None when the request fits
+
+
+def fit_context(cfg: ModelShape, requested: int, n_parallel: int, kv_dtype_bytes: float,
+                available: int | None) -> ContextFit:
+    """The total context to allocate KV for. `requested` 0 means the model's context length,
+    capped (with a note) so the KV cache takes at most half the available RAM; an explicit
+    request that cannot fit in the available RAM is a ValueError naming `-c`."""
+    n_parallel = max(1, n_parallel)
+    ctx = requested or cfg.context_length
+    if available is None:
+        return ContextFit(ctx, None)
+    need = kv_cache_bytes(cfg, ctx, n_parallel, kv_dtype_bytes)
+    if requested:
+        if need > available:
+            raise ValueError(f"-c {requested} needs {need / GIB:.1f} GiB of KV cache but only "
+                             f"{available / GIB:.1f} GiB of RAM is available; choose a smaller -c N")
+        return ContextFit(ctx, None)
+    budget = available // 2
+    if need <= budget:
+        return ContextFit(ctx, None)
+    # Largest multiple of 256 tokens per slot whose KV fits the budget (bisection: KV grows with ctx).
+    lo, hi = 0, ctx // (256 * n_parallel)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if kv_cache_bytes(cfg, mid * 256 * n_parallel, n_parallel, kv_dtype_bytes) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo == 0:
+        raise ValueError(f"the model's context length {ctx} needs {need / GIB:.1f} GiB of KV cache and not "
+                         f"even 256 tokens per slot fit in half of the {available / GIB:.1f} GiB of available "
+                         f"RAM; choose -c N and -np N explicitly")
+    capped = lo * 256 * n_parallel
+    note = (f"the model's context length {ctx} needs {need / GIB:.1f} GiB of KV cache, more than half of the "
+            f"{available / GIB:.1f} GiB of available RAM: using a context of {capped} tokens "
+            f"(pass -c N to choose)")
+    return ContextFit(capped, note)

@@ -20,6 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hybridmoe.server import messages_api, responses_api
 from hybridmoe.server.messages_api import MessagesInput, MessagesRequest, anthropic_error_body
+from hybridmoe.server.guards import BodyGuard, HeadAsGet
+from hybridmoe.server.limits import DEFAULT_MAX_BODY_BYTES
 from hybridmoe.server.protocol import (
     APIError,
     ApplyTemplateRequest,
@@ -44,6 +46,7 @@ class ServerState:
     metrics_enabled: bool = False
     serving: Serving | None = None
     load_error: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 def _error(err: APIError, path: str = "") -> JSONResponse:
@@ -87,9 +90,12 @@ class _ApiKeyMiddleware:
 
 
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="hybridmoe", docs_url=None, redoc_url=None, openapi_url=None)
+    # The OpenAPI schema is served like any route: behind the API key when one is set.
+    app = FastAPI(title="hybridmoe", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.hm = state
 
+    app.add_middleware(BodyGuard, max_bytes=state.max_body_bytes)
+    app.add_middleware(HeadAsGet)
     app.add_middleware(_ApiKeyMiddleware, state=state)
     # Browser UIs call llama-server cross-origin; added last = outermost, so preflights skip the key.
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])

@@ -122,7 +122,7 @@ class SamplingFields(_Lenient):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)  # the generator takes 64 bits; < 0: random
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False

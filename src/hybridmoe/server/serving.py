@@ -19,6 +19,7 @@ from hybridmoe import __version__
 from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
 from hybridmoe.engine.sampling import SamplingParams
 from hybridmoe.server.chat_view import ChatView
+from hybridmoe.server.limits import check_template_kwargs, check_tools
 from hybridmoe.server.metrics import prometheus_text
 from hybridmoe.server.protocol import (
     APIError,
@@ -32,7 +33,9 @@ from hybridmoe.server.protocol import (
     Tool,
     bad_request,
 )
+from hybridmoe.server.shutdown import InFlight
 from hybridmoe.tokenizer.chat_template import ChatTemplateError, render_chat
+from hybridmoe.tokenizer.tokenizer import TokenLimitExceeded
 
 
 @dataclass
@@ -103,6 +106,7 @@ class Serving:
         self.model_id = config.alias or path.name
         self._names = {self.model_id, config.model_path, path.name, path.stem}
         self.created = int(time.time())
+        self.inflight = InFlight()
 
     # ---- request preparation ------------------------------------------------------------------
     def _check_model(self, name: str | None) -> None:
@@ -112,6 +116,8 @@ class Serving:
 
     def _render(self, messages: list[ChatMessage], tools: list[Tool] | None, effort: str | None,
                 kwargs: dict[str, Any] | None) -> str:
+        check_template_kwargs(kwargs)
+        check_tools(tools)
         extra = {**self.config.chat_template_kwargs, **(kwargs or {})}
         if effort is not None:
             extra["reasoning_effort"] = effort
@@ -124,7 +130,17 @@ class Serving:
 
     def _chat_prompt_ids(self, messages: list[ChatMessage], tools: list[Tool] | None, effort: str | None,
                          kwargs: dict[str, Any] | None) -> list[int]:
-        return self.tokenizer.encode(self._render(messages, tools, effort, kwargs), allow_special=True)
+        return self._encode_prompt(self._render(messages, tools, effort, kwargs), "messages")
+
+    def _encode_prompt(self, text: str, param: str) -> list[int]:
+        """Prompt ids, refused as soon as they certainly exceed a slot's context (the tokenizer
+        stops early: a huge prompt costs about what a full context costs)."""
+        ctx = self.engine.ctx_size_per_slot
+        try:
+            return self.tokenizer.encode(text, allow_special=True, max_tokens=ctx - 1)
+        except TokenLimitExceeded as e:
+            raise bad_request(f"the request has at least {e.at_least} prompt tokens, more than the context of "
+                              f"a slot ({ctx} tokens)", param=param, code="context_length_exceeded") from None
 
     def _harmony_prompt(self, prompt_ids: list[int]) -> bool:
         """The rendered prompt ends with harmony's `<|start|>assistant` generation header."""
@@ -194,7 +210,7 @@ class Serving:
             json_end_ids=end_ids,
         )
         try:
-            return self.engine.submit(gen, loop=asyncio.get_running_loop())
+            return self.inflight.add(self.engine.submit(gen, loop=asyncio.get_running_loop()))
         except QueueFullError as e:
             raise APIError(503, str(e), type="unavailable_error", code="server_busy") from None
         except ValueError as e:
@@ -207,6 +223,16 @@ class Serving:
             raise bad_request("test_forced_output needs a server started with --test-hooks",
                               param="test_forced_output")
         return self.tokenizer.encode(req.test_forced_output, allow_special=True)
+
+    def _failure(self, final: EngineEvent) -> APIError | None:
+        """The error a final event stands for: a failed generation, or one ended by shutdown."""
+        if final.finish_reason == "error":
+            return APIError(500, f"generation failed: {final.error}", type="server_error")
+        if final.finish_reason == "cancelled" and self.inflight.stopping:
+            return APIError(503, f"the server is shutting down; generation stopped after "
+                                 f"{final.usage.completion_tokens if final.usage else 0} tokens",
+                            type="unavailable_error", code="server_shutting_down")
+        return None
 
     def _usage(self, ev: EngineEvent) -> dict[str, Any]:
         u = ev.usage
@@ -266,8 +292,9 @@ class Serving:
             if ev.logprob is not None:
                 logprobs.append(self._logprob_entry(ev.logprob))
             last = ev
-        if last.finish_reason == "error":
-            raise APIError(500, f"generation failed: {last.error}", type="server_error")
+        failure = self._failure(last)
+        if failure is not None:
+            raise failure
         message = {"role": "assistant", **view.message()}
         return {
             **head,
@@ -299,8 +326,9 @@ class Serving:
                     yield _sse(chunk({}, logprobs=lp))
                 if ev.finish_reason is None:
                     continue
-                if ev.finish_reason == "error":
-                    yield _sse(APIError(500, f"generation failed: {ev.error}", type="server_error").body())
+                failure = self._failure(ev)
+                if failure is not None:
+                    yield _sse(failure.body())
                 else:
                     final = chunk({}, view.finish_reason(ev.finish_reason))
                     final["timings"] = ev.timings
@@ -318,7 +346,7 @@ class Serving:
         self._check_model(req.model)
         if isinstance(req.prompt, str) or isinstance(req.prompt[0], str):
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-            ids = await asyncio.to_thread(self.tokenizer.encode, text, True)
+            ids = await asyncio.to_thread(self._encode_prompt, text, "prompt")
         else:
             ids = self._check_ids(req.prompt, "prompt")
         echo = self.tokenizer.decode(ids) if req.echo else ""
@@ -344,8 +372,9 @@ class Serving:
             if ev.logprob is not None:
                 lps.append(ev.logprob)
             last = ev
-        if last.finish_reason == "error":
-            raise APIError(500, f"generation failed: {last.error}", type="server_error")
+        failure = self._failure(last)
+        if failure is not None:
+            raise failure
         return {
             **head,
             "object": "text_completion",
@@ -362,8 +391,9 @@ class Serving:
                 yield _sse({**head, "object": "text_completion",
                             "choices": [{"index": 0, "text": echo, "logprobs": None, "finish_reason": None}]})
             async for ev in handle:
-                if ev.finish_reason == "error":
-                    yield _sse(APIError(500, f"generation failed: {ev.error}", type="server_error").body())
+                failure = self._failure(ev)
+                if failure is not None:
+                    yield _sse(failure.body())
                     break
                 lp = self._legacy_logprobs([ev.logprob]) if ev.logprob is not None else None
                 if ev.text or lp or ev.finish_reason:

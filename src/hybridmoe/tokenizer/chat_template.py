@@ -121,5 +121,7 @@ def render_chat(
         raise ChatTemplateError(f"chat template rejected the request: {e}") from None
     except jinja2.exceptions.SecurityError as e:
         raise ChatTemplateError(f"chat template attempted an unsafe operation: {e}") from None
+    except RecursionError:  # e.g. a recursive macro over deeply nested tool parameters
+        raise ChatTemplateError("chat template failed to render: the input nests too deeply") from None
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
         raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from None

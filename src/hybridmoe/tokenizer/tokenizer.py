@@ -130,8 +130,14 @@ class Tokenizer:
         self._id_by_text = dict(zip(reversed(self._tokens), range(n - 1, -1, -1)))
         self._token_bytes = self._build_token_bytes()
         self._hf = self._build_hf(merges)
-        # encode_special_tokens is a flag on the shared Rust tokenizer: set it and encode under a lock.
-        self._encode_lock = threading.Lock()
+        # encode_special_tokens is a flag of a Rust tokenizer, so text-only encoding gets its own
+        # copy (built on first use) instead of toggling a shared one under a lock.
+        self._hf_plain: _HFTokenizer | None = None
+        self._plain_lock = threading.Lock()
+        # Fewest tokens a text can be: every token spells at most this many bytes (chars <= bytes).
+        self.max_token_bytes = max(1, max(map(len, self._token_bytes)))
+        # Pieces split before a space are exact only if no added token spans such a place.
+        self._splittable = not any(" " in self._tokens[i] for i in self._special_ids)
         self.eog_ids = self._build_eog(extra_eos_ids)
 
     # ---- construction -------------------------------------------------------------------------
@@ -280,14 +286,44 @@ class Tokenizer:
         return i
 
     # ---- encode / decode ----------------------------------------------------------------------
-    def encode(self, text: str, allow_special: bool = True) -> list[int]:
+    def encode(self, text: str, allow_special: bool = True, max_tokens: int | None = None) -> list[int]:
         """Text -> ids. With allow_special, control/added token strings (`<|start|>`) become their
-        ids; without, they are encoded as ordinary text. No BOS is added."""
+        ids; without, they are encoded as ordinary text. No BOS is added.
+
+        Long texts are encoded in pieces split where the pre-tokenizer always splits (same ids),
+        in batch calls that release the GIL, so one long text does not stall other threads. With
+        `max_tokens`, TokenLimitExceeded as soon as the text certainly has more tokens: first
+        from its length alone, then after each batch (the work is bounded by the limit).
+        """
         if not isinstance(text, str):
             raise TypeError(f"encode expects str, got {type(text).__name__}")
-        with self._encode_lock:
-            self._hf.encode_special_tokens = not allow_special
-            return self._hf.encode(text, add_special_tokens=False).ids
+        if max_tokens is not None and len(text) > max_tokens * self.max_token_bytes:
+            raise TokenLimitExceeded(max_tokens, -(-len(text) // self.max_token_bytes))
+        hf = self._hf if allow_special else self._plain_tokenizer()
+        if len(text) <= _PIECE_CHARS:
+            return self._checked(hf.encode(text, add_special_tokens=False).ids, max_tokens)
+        pieces = split_at_spaces(text, _PIECE_CHARS) if self._splittable else [text]
+        ids: list[int] = []
+        for k in range(0, len(pieces), _PIECES_PER_CALL):
+            for enc in hf.encode_batch(pieces[k:k + _PIECES_PER_CALL], add_special_tokens=False):
+                ids += enc.ids
+            self._checked(ids, max_tokens)
+        return ids
+
+    @staticmethod
+    def _checked(ids: list[int], max_tokens: int | None) -> list[int]:
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise TokenLimitExceeded(max_tokens, len(ids))
+        return ids
+
+    def _plain_tokenizer(self) -> _HFTokenizer:
+        """A copy of the Rust tokenizer that encodes special-token strings as ordinary text."""
+        with self._plain_lock:
+            if self._hf_plain is None:
+                plain = _HFTokenizer.from_str(self._hf.to_str())
+                plain.encode_special_tokens = True
+                self._hf_plain = plain
+            return self._hf_plain
 
     def decode_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
         parts = []
@@ -301,6 +337,59 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """Ids -> text; invalid UTF-8 becomes U+FFFD. skip_special drops CONTROL tokens."""
         return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
+
+
+class TokenLimitExceeded(ValueError):
+    """The text has more than `limit` tokens (at least `at_least`; counting stopped early)."""
+
+    def __init__(self, limit: int, at_least: int) -> None:
+        super().__init__(f"the text has at least {at_least} tokens, more than the limit of {limit}")
+        self.limit = limit
+        self.at_least = at_least
+
+
+# Texts longer than this are encoded in pieces of about this many characters, this many per call.
+_PIECE_CHARS = 4096
+_PIECES_PER_CALL = 16
+
+
+def split_at_spaces(text: str, size: int) -> list[str]:
+    """`text` cut into pieces of about `size` characters, each cut just before a space that follows
+    a non-space character. Both pre-tokenizer patterns (o200k, gpt2) split there: a space enters a
+    match only as its first character or inside a run of whitespace. A stretch without such a
+    space stays whole."""
+    pieces: list[str] = []
+    start, n = 0, len(text)
+    while n - start > size:
+        cut = _cut_before(text, start + 1, start + size)
+        if cut < 0:
+            cut = _cut_after(text, start + size, n)
+            if cut < 0:
+                break
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+def _cut_before(text: str, lo: int, hi: int) -> int:
+    """Last index i in [lo, hi] with text[i] == ' ' and text[i-1] not whitespace, else -1."""
+    i = text.rfind(" ", lo, hi + 1)
+    while i >= lo:
+        if not text[i - 1].isspace():
+            return i
+        i = text.rfind(" ", lo, i)
+    return -1
+
+
+def _cut_after(text: str, lo: int, hi: int) -> int:
+    """First such index in [lo, hi), else -1."""
+    i = text.find(" ", lo, hi)
+    while i >= 0:
+        if not text[i - 1].isspace():
+            return i
+        i = text.find(" ", i + 1, hi)
+    return -1
 
 
 class IncrementalDecoder:

@@ -1,0 +1,96 @@
+"""Checks on a model path and on the metadata values a model reads, before anything is allocated.
+
+Every failure is a `GGUFError` whose message names the file, the key and the offending value, so
+`serve` / `generate` can print it as one line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from collections.abc import Mapping
+from typing import Any
+
+from hybridmoe.gguf.reader import GGUFError
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_regular_file(path: str | os.PathLike) -> None:
+    """GGUFError unless `path` is a regular file (links followed). Checked with stat, never by
+    opening: opening a FIFO blocks and a device reads forever."""
+    p = os.fspath(path)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise GGUFError(f"{p}: model file not found") from None
+    except OSError as e:
+        raise GGUFError(f"{p}: cannot open: {e.strerror or e}") from None
+    for test, kind in _KINDS:
+        if test(mode):
+            raise GGUFError(f"{p}: is {kind}, not a GGUF model file")
+    if not stat.S_ISREG(mode):
+        raise GGUFError(f"{p}: is not a regular file")
+
+
+class MetadataValues:
+    """Typed, range-checked reads of `{prefix}{key}` from a metadata dict."""
+
+    def __init__(self, meta: Mapping[str, Any], source: str, prefix: str = "") -> None:
+        self.meta = meta
+        self.source = source
+        self.prefix = prefix
+
+    def fail(self, key: str, value: Any, why: str) -> GGUFError:
+        return GGUFError(f"{self.source}: metadata {self.prefix}{key} = {_short(value)}: {why}")
+
+    def has(self, key: str) -> bool:
+        return self.prefix + key in self.meta
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        full = self.prefix + key
+        if full in self.meta:
+            return self.meta[full]
+        if default is None:
+            raise GGUFError(f"{self.source}: missing metadata key {full!r}")
+        return default
+
+    def int(self, key: str, default: int | None = None, minimum: int = 1,
+            maximum: int | None = None) -> int:
+        """An integer in [minimum, maximum]; a float is accepted only when it is integral."""
+        v = self.raw(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(key, v, "must be an integer")
+        if isinstance(v, float):
+            if not math.isfinite(v) or v != int(v):
+                raise self.fail(key, v, "must be an integer")
+            v = int(v)
+        if v < minimum:
+            raise self.fail(key, v, f"must be at least {minimum}")
+        if maximum is not None and v > maximum:
+            raise self.fail(key, v, f"must be at most {maximum}")
+        return v
+
+    def float(self, key: str, default: float | None = None, above: float | None = 0.0) -> float:
+        """A finite number, strictly greater than `above` (None: any finite value)."""
+        v = self.raw(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(key, v, "must be a number")
+        v = float(v)
+        if not math.isfinite(v):
+            raise self.fail(key, v, "must be a finite number")
+        if above is not None and not v > above:
+            raise self.fail(key, v, f"must be greater than {above:g}")
+        return v
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

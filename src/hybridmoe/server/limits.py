@@ -1,0 +1,68 @@
+"""Request limits and checks that the pydantic models cannot express, each failing as a 400 that
+names the field (OpenAI error shape) instead of a 500 deep inside the template or the tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hybridmoe.server.protocol import bad_request
+
+# `render_chat`'s own parameters: a chat_template_kwargs key with one of these names would
+# collide with them.
+RESERVED_TEMPLATE_ARGS = frozenset({"template", "messages", "tools", "add_generation_prompt"})
+# Nesting of a tool's JSON-schema `parameters`: the gpt-oss template renders them with a
+# recursive macro (Python's recursion limit breaks near 300 levels); real schemas nest < 10.
+MAX_TOOL_NESTING = 64
+# Default --max-body-size: a 131k-token prompt is well under 1 MB of JSON.
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any] | None, param: str = "chat_template_kwargs") -> None:
+    """400 if a key collides with the renderer's own arguments."""
+    clash = sorted(RESERVED_TEMPLATE_ARGS.intersection(kwargs or {}))
+    if clash:
+        raise bad_request(f"{param}.{clash[0]}: this key is reserved (the template receives it from the request "
+                          f"itself); reserved keys: {', '.join(sorted(RESERVED_TEMPLATE_ARGS))}",
+                          param=f"{param}.{clash[0]}")
+
+
+def nesting_depth(value: Any, stop_at: int) -> int:
+    """Depth of nested lists/dicts in `value` (a scalar is 0), counting no further than `stop_at`.
+    Iterative: the point is to refuse values too deep for recursive code."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            d += 1
+            if d > deepest:
+                deepest = d
+                if deepest > stop_at:
+                    return deepest
+            stack.extend((x, d) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def check_tools(tools: list[Any] | None, param: str = "tools") -> None:
+    """400 if a tool's `parameters` nest deeper than MAX_TOOL_NESTING."""
+    for i, tool in enumerate(tools or []):
+        params = tool.function.parameters
+        if params is not None and nesting_depth(params, MAX_TOOL_NESTING) > MAX_TOOL_NESTING:
+            raise bad_request(f"{param}.{i}.function.parameters: nested deeper than {MAX_TOOL_NESTING} levels",
+                              param=f"{param}.{i}.function.parameters")
+
+
+def parse_size(text: str) -> int:
+    """A byte count with an optional k/M/G suffix (powers of 1024): '8M' -> 8388608."""
+    t = text.strip()
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(t[-1:].lower(), 1)
+    number = t[:-1] if scale > 1 else t
+    try:
+        value = int(float(number) * scale)
+    except (ValueError, OverflowError):
+        raise ValueError(f"expected a size in bytes such as 8388608 or 8M, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"size must be positive, got {text!r}")
+    return value
