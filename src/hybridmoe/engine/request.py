@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hybridmoe.engine.constraints import ConstraintSpec
     from hybridmoe.engine.sampling import SamplingParams, TokenLogprobs
 
 
@@ -22,9 +23,7 @@ class GenerationRequest:
     # These ids replace the sampler's choices in order (the model still runs): lets tests drive the
     # harmony/tool-call paths through a real server with a random model.
     forced_tokens: Seq[int] | None = None
-    json_mode: bool = False  # sample only tokens that continue a JSON object (then end)
-    json_schema: dict | None = None  # json_schema.compile_schema's output: JSON mode for that schema
-    json_end_ids: Seq[int] | None = None  # JSON mode ends with one of these (default: the stop ids)
+    constraint: ConstraintSpec | None = None  # grammar / JSON schema the output must match
     cache_prompt: bool = True  # reuse cached KV of a matching prefix (llama-server's cache_prompt)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -65,7 +64,7 @@ class Sequence:
         self.n_cached = 0
         self.slot_id: int | None = None
         self.sampler: Any = None  # engine.sampling.Sampler, set by the runner at admission
-        self.constraint: Any = None  # engine.json_constraint.JsonConstraint or None
+        self.constraint: Any = None  # engine.constraints.GrammarConstraint or None
         self.stop_ids: frozenset[int] = frozenset()
         self.decoder: Any = None  # tokenizer.IncrementalDecoder, set by the output processor
         self.held = ""  # decoded text not yet emitted (stop-string hold-back)

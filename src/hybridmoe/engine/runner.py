@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from hybridmoe.engine.json_constraint import FirstByteIndex, JsonConstraint
-from hybridmoe.engine.json_schema import SchemaState
+from hybridmoe.engine.constraints import make_constraint, token_table
 from hybridmoe.engine.request import Sequence
 from hybridmoe.engine.sampling import Sampler, TokenLogprobs
 from hybridmoe.engine.scheduler import Admission, StepPlan
@@ -27,7 +26,6 @@ class ModelRunner:
         self.ctx_per_slot = ctx_per_slot
         self.eog_ids = frozenset(tokenizer.eog_ids)
         self._caches: list[SequenceKVCache | None] = [None] * n_slots
-        self._json_first_bytes: FirstByteIndex | None = None
 
     def geometry(self) -> WindowGeometry:
         layout = self.model.cache_layout()
@@ -63,23 +61,12 @@ class ModelRunner:
 
     # ---- sequences --------------------------------------------------------------------------------
     def prepare(self, seq: Sequence) -> None:
-        """Per-request sampling state: sampler, stop ids, and a JSON constraint when asked."""
+        """Per-request sampling state: sampler, stop ids, and the grammar constraint when asked."""
         req = seq.request
         seq.sampler = Sampler(req.params)
         seq.stop_ids = frozenset(req.params.stop_ids) | (frozenset() if req.params.ignore_eos else self.eog_ids)
-        if req.json_mode or req.json_schema is not None:
-            state = SchemaState(req.json_schema) if req.json_schema is not None else None
-            ends = seq.stop_ids if req.json_end_ids is None else frozenset(req.json_end_ids)
-            tk = self.tokenizer
-            seq.constraint = JsonConstraint(tk.token_bytes, ends, tk.special_ids, state, self._json_index())
-
-    def _json_index(self) -> FirstByteIndex:
-        """The vocabulary grouped by first byte, built on the first JSON-mode request (~0.1 s for
-        201k tokens) and kept."""
-        if self._json_first_bytes is None:
-            tk = self.tokenizer
-            self._json_first_bytes = FirstByteIndex(tk.token_bytes, tk.vocab_size, tk.special_ids)
-        return self._json_first_bytes
+        if req.constraint is not None:
+            seq.constraint = make_constraint(req.constraint, token_table(self.tokenizer), seq.stop_ids)
 
     def forward(self, plan: StepPlan) -> torch.Tensor:
         """Logits [len(plan.batch), V]: each entry's last token."""

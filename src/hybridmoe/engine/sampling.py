@@ -77,46 +77,15 @@ class Sampler:
         return x / p.temperature
 
     def sample(self, logits: torch.Tensor, constraint: Any = None) -> int:
-        """One token; with a `constraint` (a JsonConstraint), one it allows: a draw from the
-        filtered distribution restricted to allowed tokens (rejection sampling, up to 16 draws),
-        else a tempered draw among the 32 most likely allowed tokens of the vocabulary (greedy:
-        the most likely one)."""
-        if constraint is None:
-            if self.params.temperature <= 0.0:
-                return int(torch.argmax(logits))
-            probs = torch.softmax(self.filtered_logits(logits), dim=-1)
-            return int(torch.multinomial(probs, 1, generator=self.generator))
-        raw = logits.float().cpu()
-        if constraint.done and constraint.end_ids:
-            return max(constraint.end_ids, key=lambda t: float(raw[t]))  # complete: end it
-        if self.params.temperature > 0.0:
-            probs = torch.softmax(self.filtered_logits(logits), dim=-1)
-            for _ in range(16):
-                t = int(torch.multinomial(probs, 1, generator=self.generator))
-                if constraint.allowed(t):
-                    return t
-                probs[t] = 0.0
-                if not bool((probs > 0).any()):
-                    break
-        cand = constraint.candidates()
-        if cand is None:
-            order = torch.argsort(raw, descending=True)
-        else:  # only tokens whose first byte fits: far fewer to check on a 201k vocabulary
-            order = cand[torch.argsort(raw[cand], descending=True)]
-        # Greedy: the most likely allowed token. Sampling: a draw among the most likely allowed
-        # tokens (up to 32), tempered, so the filters' cut does not turn it greedy.
-        want = 1 if self.params.temperature <= 0.0 else 32
-        picked: list[int] = []
-        for start in range(0, order.numel(), 1024):
-            picked += [t for t in order[start:start + 1024].tolist() if constraint.allowed(t)][:want - len(picked)]
-            if len(picked) >= want:
-                break
-        if not picked:
-            raise ValueError("no token of the vocabulary is allowed here")
-        if len(picked) == 1:
-            return picked[0]
-        w = torch.softmax(raw[picked] / self.params.temperature, dim=-1)
-        return picked[int(torch.multinomial(w, 1, generator=self.generator))]
+        """One token; with a `constraint` (engine.constraints.GrammarConstraint), one it allows:
+        the tokens it forbids are masked out first, then the usual filters and draw run on what
+        is left (greedy: the most likely allowed token). ValueError if nothing is allowed."""
+        if constraint is not None:
+            logits = _masked(logits, constraint.mask())
+        if self.params.temperature <= 0.0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(self.filtered_logits(logits), dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
 
     @staticmethod
     def logprobs(logits: torch.Tensor, token: int, k: int) -> TokenLogprobs:
@@ -127,3 +96,17 @@ class Sampler:
             vals, idx = torch.topk(lp, min(k, lp.numel()))
             top = [(int(i), float(v)) for i, v in zip(idx, vals)]
         return TokenLogprobs(token, float(lp[token]), top)
+
+
+def _masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """float32 CPU logits with every token outside `allowed` (bool, one per vocabulary id; ids
+    past its end are not allowed) at -inf. An allowed token the model rates -inf is raised to the
+    lowest finite value, so a draw can still land on it when nothing else is allowed."""
+    x = logits.float().cpu()
+    n = min(x.numel(), allowed.numel())
+    ok = torch.zeros(x.numel(), dtype=torch.bool)
+    ok[:n] = allowed[:n]
+    if not bool(ok.any()):
+        raise ValueError("no token of the vocabulary is allowed here")
+    x = torch.nan_to_num(x, nan=float("-inf"), neginf=torch.finfo(torch.float32).min)
+    return x.masked_fill(~ok, float("-inf"))

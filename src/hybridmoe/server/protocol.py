@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class APIError(Exception):
@@ -129,6 +129,11 @@ class SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # llama-server extra
     test_forced_output: str | None = None  # only with `serve --test-hooks`: output these tokens
+    # Constrained output (one at most; see server/constraint_fields.py): llama-server's GBNF
+    # `grammar` and `json_schema` fields, OpenAI's response_format.
+    grammar: str | None = None
+    json_schema: Any = None
+    response_format: dict[str, Any] | None = None
 
     @field_validator("max_tokens")
     @classmethod
@@ -151,6 +156,31 @@ class SamplingFields(_Lenient):
             raise ValueError(f"at most 4 stop sequences are allowed, got {len(v)}")
         return v
 
+    @model_validator(mode="after")
+    def _one_constraint(self) -> SamplingFields:
+        given = [f for f in ("grammar", "json_schema") if getattr(self, f) is not None]
+        if self.json_mode():
+            given.append("response_format")
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} both constrain the output; send only one")
+        if given and self.ignore_eos:
+            raise ValueError(f"{given[0]} ends the reply when the constrained text is complete; ignore_eos "
+                             "contradicts that")
+        return self
+
+    def json_mode(self) -> bool:
+        """True for response_format {"type": "json_object"} or "json_schema"; ValueError for other formats."""
+        rf = self.response_format
+        kind = "text" if rf is None else rf.get("type", "text")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError(f"response_format type {kind!r} is not supported; use 'text', 'json_object' "
+                             "or 'json_schema'")
+        return kind != "text"
+
+    def constrained(self) -> bool:
+        """The output must match a grammar or a JSON schema (a named tool_choice aside)."""
+        return self.grammar is not None or self.json_schema is not None or self.json_mode()
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -168,8 +198,6 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
-    _schema: dict | None = PrivateAttr(default=None)  # response_format's schema, compiled once
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -184,11 +212,9 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs requires logprobs: true")
         if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {self.tool_choice!r}")
-        self._schema = self._compile_schema()  # a schema it cannot enforce: 400 now
-        if self.json_mode() and self.ignore_eos:
-            raise ValueError("response_format JSON modes end the reply when the JSON closes; ignore_eos contradicts that")
-        if self.json_mode() and self.forced_tool() is not None:
-            raise ValueError("response_format json_object and a forced tool_choice exclude each other")
+        if self.constrained() and self.forced_tool() is not None:
+            raise ValueError("a forced tool_choice constrains the reply to a call; grammar, json_schema and "
+                             "response_format cannot be combined with it")
         forced = self.forced_tool()
         if forced is not None:
             names = [t.function.name for t in self.tools or []]
@@ -197,50 +223,6 @@ class ChatCompletionRequest(SamplingFields):
             if forced and forced not in names:
                 raise ValueError(f"tool_choice names function {forced!r}, which is not in 'tools' ({names})")
         return self
-
-    def json_mode(self) -> bool:
-        """True for {"type": "json_object"} or "json_schema"; ValueError for other formats."""
-        rf = self.response_format
-        kind = "text" if rf is None else rf.get("type", "text")
-        if kind not in ("text", "json_object", "json_schema"):
-            raise ValueError(f"response_format type {kind!r} is not supported; use 'text', 'json_object' "
-                             "or 'json_schema'")
-        return kind != "text"
-
-    def compiled_schema(self) -> dict | None:
-        """response_format's schema compiled for the sampler (None without one)."""
-        return self._schema
-
-    def _compile_schema(self) -> dict | None:
-        """The json_schema format's schema compiled (None without one); llama-server's
-        {"type": "json_object", "schema": {...}} is accepted too. ValueError when unsupported."""
-        rf = self.response_format or {}
-        if rf.get("type") == "json_schema":
-            js = rf.get("json_schema")
-            if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
-                raise ValueError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
-            schema = js["schema"]
-        elif rf.get("type") == "json_object" and isinstance(rf.get("schema"), dict):
-            schema = rf["schema"]
-        else:
-            return None
-        from hybridmoe.engine.json_schema import compile_schema
-
-        return compile_schema(schema)  # SchemaError is a ValueError
-
-    def tool_args_schema(self) -> dict | None:
-        """For a named tool_choice: the function's `parameters` compiled for the sampler, or None
-        (any JSON object) when it has none or uses constructs the recognizer cannot enforce."""
-        name = self.forced_tool()
-        tool = next((t for t in self.tools or [] if name and t.function.name == name), None)
-        if tool is None or not tool.function.parameters:
-            return None
-        from hybridmoe.engine.json_schema import SchemaError, compile_schema
-
-        try:
-            return compile_schema(tool.function.parameters)
-        except SchemaError:
-            return None
 
     def forced_tool(self) -> str | None:
         """None: the model may answer in text; "": it must call one of the tools ('required');

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from hybridmoe import __version__
+from hybridmoe.engine.constraints import ConstraintError, ConstraintSpec, compile_constraint, token_table
 from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
 from hybridmoe.engine.sampling import SamplingParams
 from hybridmoe.server.chat_view import ChatView
+from hybridmoe.server.constraint_fields import output_constraint
 from hybridmoe.server.limits import check_template_kwargs, check_tools
 from hybridmoe.server.metrics import prometheus_text
 from hybridmoe.server.protocol import (
@@ -162,7 +164,7 @@ class Serving:
             header = f"<|channel|>commentary to=functions.{forced} <|constrain|>json<|message|>" if forced else \
                 "<|channel|>commentary to=functions"
             return self.tokenizer.encode(header, allow_special=True)
-        if req.json_mode() and self._harmony_prompt(prompt_ids):
+        if req.constrained() and self._harmony_prompt(prompt_ids):
             return self.tokenizer.encode("<|channel|>final<|message|>", allow_special=True)
         return []
 
@@ -190,9 +192,20 @@ class Serving:
         return {"id": f"{id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
                 "system_fingerprint": f"hybridmoe-{__version__}"}
 
+    async def _constraint(self, req: SamplingFields) -> ConstraintSpec | None:
+        """The request's output constraint, compiled off the engine thread (a big schema's build
+        then delays only this request); 400 naming the field when refused."""
+        call_end = tuple(i for i in (self.tokenizer.token_id("<|call|>"),) if i is not None) or None
+        try:
+            spec = output_constraint(req, call_end)
+            if spec is None:
+                return None
+            return await asyncio.to_thread(lambda: compile_constraint(spec, token_table(self.tokenizer)))
+        except ConstraintError as e:
+            raise bad_request(str(e), param=e.param) from None
+
     def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None,
-                logprobs_k: int | None, json_mode: bool = False, schema: dict | None = None,
-                end_ids: list[int] | None = None) -> RequestHandle:
+                logprobs_k: int | None, constraint: ConstraintSpec | None = None) -> RequestHandle:
         n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
@@ -205,9 +218,7 @@ class Serving:
             stop=req.stop_list(),
             logprobs=logprobs_k,
             forced_tokens=self._forced(req),
-            json_mode=json_mode,
-            json_schema=schema,
-            json_end_ids=end_ids,
+            constraint=constraint,
         )
         try:
             return self.inflight.add(self.engine.submit(gen, loop=asyncio.get_running_loop()))
@@ -270,18 +281,15 @@ class Serving:
     async def start_chat(self, req: ChatCompletionRequest) -> tuple[RequestHandle, ChatView]:
         """Render -> tokenize -> submit one chat request; its events go through the returned view.
         Shared by chat completions and the Responses / Messages mappings (which build `req`)."""
+        constraint = await self._constraint(req)
         ids = await self.chat_prompt_ids(req)
         prefix = self._forced_prefix(req, ids)
         k = (req.top_logprobs or 0) if req.logprobs else None
         view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none",
                         stop=req.stop_list(), prefix_ids=prefix)
         ids = ids + prefix
-        json_mode, schema, end_ids = req.json_mode(), req.compiled_schema(), None
-        if req.forced_tool():  # a named call: its arguments follow the function's parameter schema
-            json_mode, schema = True, req.tool_args_schema()
-            end_ids = [i for i in (self.tokenizer.token_id("<|call|>"),) if i is not None] or None
         # Last: nothing may fail after the submit.
-        handle = self._submit(ids, req, req.token_limit(), k, json_mode=json_mode, schema=schema, end_ids=end_ids)
+        handle = self._submit(ids, req, req.token_limit(), k, constraint)
         return handle, view
 
     async def _chat_full(self, handle: RequestHandle, view: ChatView, head: dict[str, Any],
@@ -344,13 +352,14 @@ class Serving:
     async def completion(self, req: CompletionRequest,
                          disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
         self._check_model(req.model)
+        constraint = await self._constraint(req)
         if isinstance(req.prompt, str) or isinstance(req.prompt[0], str):
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
             ids = await asyncio.to_thread(self._encode_prompt, text, "prompt")
         else:
             ids = self._check_ids(req.prompt, "prompt")
         echo = self.tokenizer.decode(ids) if req.echo else ""
-        handle = self._submit(ids, req, req.max_tokens, req.logprobs)
+        handle = self._submit(ids, req, req.max_tokens, req.logprobs, constraint)
         head = self._head("cmpl")
         if req.stream:
             return self._completion_stream(handle, head, _include_usage(req), echo)

@@ -1,0 +1,38 @@
+"""The request fields that constrain the output, as one engine constraint: llama-server's `grammar`
+(GBNF) and `json_schema`, OpenAI's `response_format` (json_object, json_schema, and llama-server's
+{"type": "json_object", "schema": {...}}), and a named tool_choice (the call's arguments follow the
+function's `parameters`). Errors are `ConstraintError`s naming the field."""
+
+from __future__ import annotations
+
+from hybridmoe.engine.constraints import ConstraintError, ConstraintSpec, gbnf_spec, json_object_spec, json_schema_spec
+from hybridmoe.server.protocol import ChatCompletionRequest, SamplingFields
+
+
+def output_constraint(req: SamplingFields, call_end_ids: tuple[int, ...] | None = None) -> ConstraintSpec | None:
+    """The spec for what the request's output must match, or None. `call_end_ids`: the tokens
+    that end a forced tool call (the call's arguments end with them, not with the stop ids)."""
+    forced = req.forced_tool() if isinstance(req, ChatCompletionRequest) else None
+    if forced:
+        i, tool = next((i, t) for i, t in enumerate(req.tools or []) if t.function.name == forced)
+        params = tool.function.parameters
+        if not params:
+            return json_object_spec(end_ids=call_end_ids)
+        # Lenient: keywords the engine cannot enforce are ignored; a malformed shape is still a 400.
+        return json_schema_spec(params, f"tools[{i}].function.parameters", lenient=True, end_ids=call_end_ids)
+    if req.grammar is not None:
+        return gbnf_spec(req.grammar, "grammar")
+    if req.json_schema is not None:
+        return json_schema_spec(req.json_schema, "json_schema")
+    rf = req.response_format or {}
+    if rf.get("type") == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or "schema" not in js:
+            raise ConstraintError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}',
+                                  "response_format.json_schema")
+        return json_schema_spec(js["schema"], "response_format.json_schema.schema")
+    if rf.get("type") == "json_object":
+        if "schema" in rf:
+            return json_schema_spec(rf["schema"], "response_format.schema")
+        return json_object_spec()
+    return None
