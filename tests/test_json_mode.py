@@ -266,14 +266,24 @@ def test_unknown_ref_and_unsupported_keyword_refused_by_the_compiler():
 
 
 @pytest.mark.parametrize("schema,what", [
-    ({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(C.MAX_SCHEMA_PROPERTIES + 1)}},
-     "properties"),
+    ({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(C.MAX_OBJECT_PROPERTIES + 1)}},
+     "per object"),
+    ({"type": "object", "properties": {f"o{j}": {"type": "object", "properties": {f"p{i}": {} for i in range(100)}}
+                                       for j in range(C.MAX_SCHEMA_PROPERTIES // 100)}}, "properties in all"),
     ({"enum": list(range(C.MAX_SCHEMA_ENUM_VALUES + 1))}, "enum values"),
     ({"anyOf": [{"type": "integer"}] * (C.MAX_SCHEMA_NODES + 1)}, "subschemas"),
 ])
 def test_size_limits(schema, what):
     with pytest.raises(ConstraintError, match=what):
         json_schema_spec(schema, "s")
+
+
+def test_object_at_the_property_limit_is_served():
+    """Every key position of a maximal object stays within llguidance's parser limits."""
+    n = C.MAX_OBJECT_PROPERTIES
+    spec = json_schema_spec({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}, "s")
+    assert feeds(spec, ('{"p0":1,"p7":2,"p%d":3}' % (n - 1)).encode())
+    assert feeds(spec, ("{" + ",".join(f'"p{i}":{i}' for i in range(0, n, 37)) + "}").encode())
 
 
 def test_depth_limit_and_absurd_nesting():

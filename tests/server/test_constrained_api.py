@@ -134,7 +134,7 @@ BAD = [  # (request fields, the param the 400 names)
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"anyOf": 5}}}},
      "response_format.json_schema.schema.anyOf"),
     ({"json_schema": {"enum": list(range(C.MAX_SCHEMA_ENUM_VALUES + 1))}}, "json_schema.enum"),
-    ({"json_schema": {"type": "object", "properties": {f"p{i}": {} for i in range(C.MAX_SCHEMA_PROPERTIES + 1)}}},
+    ({"json_schema": {"type": "object", "properties": {f"p{i}": {} for i in range(C.MAX_OBJECT_PROPERTIES + 1)}}},
      "json_schema.properties"),
     ({"tools": _tool({"$defs": [1]}), "tool_choice": NAMED_TOOL}, "tools[0].function.parameters.$defs"),
     ({"tools": _tool({"type": "object", "required": [["a"]]}), "tool_choice": NAMED_TOOL},

@@ -32,6 +32,8 @@ import torch
 # time (~0.5 s at the limits on one core) and, for properties, the per-token mask cost.
 MAX_SCHEMA_DEPTH = 32  # nesting of subschemas
 MAX_SCHEMA_PROPERTIES = 1_000  # all `properties` entries of all objects together
+MAX_OBJECT_PROPERTIES = 400  # in one object: its optional keys are alternatives at every key position,
+# and llguidance's parser refuses a row of more than 2,000 items (~4 per optional key)
 MAX_SCHEMA_ENUM_VALUES = 10_000  # all `enum` values (and `const`s) together
 MAX_SCHEMA_NODES = 10_000  # subschemas in all
 MAX_GRAMMAR_BYTES = 128 * 1024  # GBNF text (llama.cpp's sample grammars are 1-3 KB)
@@ -249,6 +251,9 @@ def _check(s: Any, where: str, depth: int, counts: dict[str, int]) -> dict | boo
                 raise ConstraintError(f"{where}.{key} must be an object mapping names to schemas, got {_kind(m)}",
                                       f"{where}.{key}")
             if key == "properties":
+                if len(m) > MAX_OBJECT_PROPERTIES:
+                    raise ConstraintError(f"{where}.{key}: an object has {len(m)} properties; at most "
+                                          f"{MAX_OBJECT_PROPERTIES} per object are accepted", f"{where}.{key}")
                 counts["properties"] += len(m)
                 if counts["properties"] > MAX_SCHEMA_PROPERTIES:
                     raise ConstraintError(f"{where}.{key}: the schema has more than {MAX_SCHEMA_PROPERTIES} "
