@@ -139,7 +139,7 @@ def server_cmd(engine: str, a: argparse.Namespace, model: str, np_: int, port: i
     common = ["-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(np_), "-c", str(a.ctx * np_),
               "-t", str(a.threads)]
     if engine == "llama.cpp":
-        return [a.llama_server, *common, "-fa", "on", "--jinja"]
+        return [a.llama_server, *common, "-fa", "on", "--no-jinja", "--chat-template", "chatml"]  # ids only: no template
     return [sys.executable, "-m", "hybridmoe.cli", "serve", *common]
 
 
@@ -169,6 +169,8 @@ def main() -> int:
     ap.add_argument("--url", default=None, help="measure an already running server (one setting, named 'url')")
     ap.add_argument("--llama-server", default=None, help="also run llama.cpp's llama-server binary at this path")
     ap.add_argument("--settings", default="np1,np1x2,np2x2")
+    ap.add_argument("--engines", default="hybridmoe,llama.cpp",
+                    help="which to run (llama.cpp only with --llama-server)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=8192, help="context per slot")
     ap.add_argument("--system-tokens", type=int, default=2000)
@@ -187,7 +189,7 @@ def main() -> int:
             model = os.path.join(tempfile.mkdtemp(prefix="conversation_"), "tiny.gguf")
             subprocess.run([sys.executable, "-m", "hybridmoe.cli", "synth", "--preset", "tiny", "--out", model],
                            check=True, capture_output=True)
-        engines = ["hybridmoe"] + (["llama.cpp"] if a.llama_server else [])
+        engines = [e for e in a.engines.split(",") if e == "hybridmoe" or (e == "llama.cpp" and a.llama_server)]
         for engine in engines:
             for setting in a.settings.split(","):
                 np_ = 2 if setting == "np2x2" else 1
