@@ -162,9 +162,9 @@ BAD_BODIES = [
     ("bad role", {"model": "tiny-test", "messages": [{"role": "wizard", "content": "x"}]}, 400),
     ("max_tokens 0", {"model": "tiny-test", "messages": MSGS, "max_tokens": 0}, 400),
     ("max_tokens negative", {"model": "tiny-test", "messages": MSGS, "max_tokens": -5}, 400),
-    ("n > 1", {"model": "tiny-test", "messages": MSGS, "n": 2}, 400),
+    ("n above the slots", {"model": "tiny-test", "messages": MSGS, "n": 5}, 400),
+    ("n zero", {"model": "tiny-test", "messages": MSGS, "n": 0}, 400),
     ("temperature out of range", {"model": "tiny-test", "messages": MSGS, "temperature": 9}, 400),
-    ("unknown model", {"model": "gpt-9000", "messages": MSGS}, 404),
     ("prompt too long", {"model": "tiny-test", "messages": [{"role": "user", "content": "word " * 1500}]}, 400),
     ("forced output not a string", {"model": "tiny-test", "messages": MSGS, "test_forced_output": 5}, 400),
     ("bad reasoning format", {"model": "tiny-test", "messages": MSGS, "reasoning_format": "loud"}, 400),
@@ -186,7 +186,7 @@ BAD_BODIES = [
 def test_bad_input_gets_openai_error_and_server_survives(server, client, name, body, status):
     got, err = server.request("POST", "/v1/chat/completions", body)
     assert got == status, err
-    assert set(err["error"]) == {"message", "type", "param", "code"} and err["error"]["message"]
+    assert {"message", "type", "param", "code"} <= set(err["error"]) and err["error"]["message"]
     ok = client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=1)
     assert ok.choices[0].finish_reason in ("stop", "length")
 
@@ -217,16 +217,14 @@ def test_huge_max_tokens_is_clamped_to_the_context(client):
 
 
 def test_bad_input_through_openai_client(client):
-    with pytest.raises(openai.NotFoundError) as e:
-        client.chat.completions.create(model="nope", messages=MSGS)
-    assert e.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="tiny-test", messages=MSGS, n=3)
+        client.chat.completions.create(model="tiny-test", messages=MSGS, n=9)  # more than the 4 slots
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="tiny-test", prompt=[5, 99999], max_tokens=2)
-    # The file name is accepted as a model name too (llama-server clients often send it).
-    r = client.chat.completions.create(model="tiny.gguf", messages=MSGS, max_tokens=1)
-    assert r.model == "tiny-test"
+    # Any model name is served, as llama-server serves its one model whatever the client sends.
+    for name in ("tiny.gguf", "gpt-oss-120b"):
+        r = client.chat.completions.create(model=name, messages=MSGS, max_tokens=1)
+        assert r.model == "tiny-test"
 
 
 def test_api_key_required(server):

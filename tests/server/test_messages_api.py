@@ -128,9 +128,8 @@ def test_errors_take_anthropics_shape(client, scripted_server):
         anthropic.Anthropic(base_url=scripted_server.srv.base_url, api_key="wrong", max_retries=0).messages.create(
             model="tiny-test", max_tokens=8, messages=USER)
     assert e.value.body["error"]["type"] == "authentication_error"
-    with pytest.raises(anthropic.NotFoundError) as e:
-        client.messages.create(model="claude-none", max_tokens=8, messages=USER)
-    assert e.value.body["error"]["type"] == "not_found_error"
+    # Any model name is served (as llama-server does; clients hard-code names).
+    assert client.messages.create(model="claude-none", max_tokens=8, messages=USER).model == "tiny-test"
 
 
 @pytest.mark.parametrize("body,words", [

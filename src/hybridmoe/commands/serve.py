@@ -12,11 +12,12 @@ import argparse
 import json
 import logging
 import os
-import socket
 import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from hybridmoe.tokenizer.builtin_templates import BUILTIN_TEMPLATES, resolve_chat_template
 
 log = logging.getLogger("hybridmoe.serve")
 
@@ -55,11 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     a = p.add_argument
     a("-m", "--model", default=None, help="GGUF file (first part of a split model); default: bundled demo")
-    a("--host", default="127.0.0.1")
+    a("--host", default="127.0.0.1", help="address(es) to listen on, comma-separated (UNIX socket: a path "
+                                          "ending in .sock); with several, :: binds IPv6 only")
     a("--port", type=int, default=8080)
     a("--api-key", action="append", default=[], help="accepted key (repeatable; comma-separated allowed)")
     a("--api-key-file", default=None, help="file with one API key per line")
-    a("-a", "--alias", default=None, help="model id reported by /v1/models")
+    a("-a", "--alias", default=None, help="model name(s), comma-separated: /v1/models id and aliases")
+    a("--tags", default=None, help="model tags, comma-separated (informational, listed by /v1/models)")
     a("-c", "--ctx-size", type=int, default=0, help="total context, split across slots (0 = the model's)")
     a("-np", "--parallel", type=int, default=4, help="slots (concurrent sequences)")
     a("-t", "--threads", type=int, default=None)
@@ -81,8 +84,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
       help="Q8_0 non-expert weights on the GPU: bf16 when it fits (auto), or as stored")
     a("--jinja", action="store_true", help="accepted; the GGUF's Jinja template is always used")
     a("--chat-template-file", default=None)
+    a("--chat-template", default=None,
+      help=f"a built-in template name ({', '.join(sorted(BUILTIN_TEMPLATES))}) or a Jinja template")
     a("--reasoning-format", choices=["none", "auto", "deepseek"], default="auto")
+    a("-rea", "--reasoning", default="auto", type=_on_off,
+      help="reasoning in chats: on, off (harmony replies skip the analysis channel) or auto; the "
+           "template's enable_thinking")
     a("--chat-template-kwargs", type=_json_object, default=None)
+    a("-s", "--seed", type=int, default=-1, help="RNG seed of requests that give none (-1: random)")
+    a("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=-1,
+      help="token limit of requests that give none (-1: up to the context)")
     a("--temp", type=float, default=0.8)
     a("--top-k", type=int, default=40)
     a("--top-p", type=float, default=0.95)
@@ -100,6 +111,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
       help="accepted (always on): a slot's state moves to the RAM cache when another prompt takes the slot")
     a("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore files")
     a("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
+    a("--slots", dest="slots", action="store_true", default=True, help="expose /slots (default)")
+    a("--no-slots", dest="slots", action="store_false", help="/slots answers 501")
+    a("-v", "--verbose", "--log-verbose", action="store_true",
+      help="debug logging; responses carry llama-server's __verbose field")
+    a("--swa-full", action="store_true", help="full-size KV cache for sliding-window layers (longer prefix reuse)")
+    a("--context-shift", dest="context_shift", action="store_true", default=False,
+      help="accepted; see the README (gpt-oss needs --swa-full for it in llama.cpp too)")
+    a("--no-context-shift", dest="context_shift", action="store_false")
+    a("--cors-origins", default="*", help="allowed origins: * (echo any), localhost, or a comma-separated list")
+    a("--cors-methods", default="GET, POST, DELETE, OPTIONS")
+    a("--cors-headers", default="*", help="allowed headers (* = those the browser asks for)")
+    a("--cors-credentials", dest="cors_credentials", action="store_true", default=True)
+    a("--no-cors-credentials", dest="cors_credentials", action="store_false")
     a("--max-queue", type=int, default=64, help="requests that may wait for a slot before 503")
     a("--max-body-size", type=_size, default=None,
       help="largest request body in bytes, k/M/G suffix allowed (default 8M); larger ones get 413")
@@ -238,22 +262,13 @@ def _preflight(args: argparse.Namespace, path: str) -> None:
         mf.close()
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port, or ValueError saying why not (port in use, an
-    address this machine does not have, a name that does not resolve)."""
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--port {port} is not a TCP port (0-65535)")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError as e:
-        sock.close()
-        reason = e.strerror or str(e)
-        raise ValueError(f"cannot listen on {host}:{port}: {reason}") from None
-    return sock
+def _chat_template(args: argparse.Namespace) -> str | None:
+    """--chat-template-file wins over --chat-template (a built-in name or Jinja), as llama-server."""
+    if args.chat_template_file:
+        return Path(args.chat_template_file).read_text()
+    if args.chat_template:
+        return resolve_chat_template(args.chat_template)
+    return None
 
 
 def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
@@ -269,16 +284,22 @@ def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
                   mlock=args.mlock, fast_math=args.fast_math, **_placement(args))
         n_parallel = max(1, args.parallel)
         per_slot = llm.ctx_size // n_parallel
+        if args.swa_full:
+            llm.model.use_full_swa_cache()
         engine = Engine(llm, n_parallel, per_slot, args.max_queue, batch_size=step_tokens,
                         cache=_cache_config(args)).start()
-        template = Path(args.chat_template_file).read_text() if args.chat_template_file else None
         config = ServingConfig(
             model_path=path,
             alias=args.alias,
+            tags=[t.strip() for t in (args.tags or "").split(",") if t.strip()],
             reasoning_format=args.reasoning_format,
-            chat_template=template,
+            reasoning=args.reasoning,
+            chat_template=_chat_template(args),
             chat_template_kwargs=args.chat_template_kwargs or {},
             defaults=SamplingDefaults(args.temp, args.top_k, args.top_p, args.min_p),
+            seed=None if args.seed < 0 else args.seed,
+            n_predict=args.n_predict,
+            verbose=args.verbose,
             test_hooks=args.test_hooks,
             slot_save_path=args.slot_save_path,
         )
@@ -292,7 +313,8 @@ def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)  # e.g. "no CUDA device: ... run on the CPU" from placement
     for flag in getattr(args, "unknown_flags", []):
         if flag.startswith("-"):
@@ -305,20 +327,34 @@ def run(args: argparse.Namespace) -> int:
             os.makedirs(args.slot_save_path, exist_ok=True)
         except OSError as e:
             raise SystemExit(f"hybridmoe serve: --slot-save-path {args.slot_save_path}: {e.strerror or e}") from None
+    if args.chat_template and not args.chat_template_file:
+        try:
+            resolve_chat_template(args.chat_template)
+        except ValueError as e:
+            raise SystemExit(f"hybridmoe serve: --chat-template: {e}") from None
+    if args.context_shift:
+        # llama.cpp disables it for gpt-oss unless --swa-full (its sliding-window cache cannot shift).
+        log.warning("--context-shift: context shift is not supported by this server, it will be disabled "
+                    "(generation stops at the end of the context with finish_reason \"length\")")
     path, is_random = _model_path(args)
     if is_random:
         log.warning("no bundled demo model in this build: serving a RANDOM synthetic model (%s); its output is "
                     "noise. Pass -m FILE for a real model.", path)
     _preflight(args, path)
     keys = _api_keys(args)
-    sock = bind_socket(args.host, args.port)
+    from hybridmoe.server.listen import describe_socket, listen_sockets
+
+    sockets = listen_sockets(args.host, args.port)
 
     import uvicorn
 
     from hybridmoe.server.app import ServerState, create_app
+    from hybridmoe.server.cors import CorsConfig
     from hybridmoe.server.graceful import GracefulServer
 
-    state = ServerState(api_keys=keys, metrics_enabled=args.metrics)
+    cors = CorsConfig(origins=args.cors_origins, methods=args.cors_methods, headers=args.cors_headers,
+                      credentials=args.cors_credentials)
+    state = ServerState(api_keys=keys, metrics_enabled=args.metrics, slots_enabled=args.slots, cors=cors)
     if args.max_body_size is not None:
         state.max_body_bytes = args.max_body_size
     app = create_app(state)
@@ -328,8 +364,9 @@ def run(args: argparse.Namespace) -> int:
     server = GracefulServer(config, grace, state)
     loader = threading.Thread(target=_load, args=(args, path, state, server), name="hybridmoe-load", daemon=True)
     loader.start()
-    print(f"hybridmoe: listening on http://{args.host}:{sock.getsockname()[1]} (model {path})", flush=True)
-    server.run(sockets=[sock])
+    for sock in sockets:
+        print(f"hybridmoe: listening on {describe_socket(sock)} (model {path})", flush=True)
+    server.run(sockets=sockets)
     if state.serving is not None:
         state.serving.engine.close()
     code = 1 if state.load_error else 0

@@ -267,6 +267,7 @@ class Engine:
                 "checkpoint_bytes": s.checkpoint_bytes,
                 "id_task": seq.request.request_id if seq is not None else None,
                 "n_decoded": seq.n_generated if seq is not None else 0,
+                "n_prompt_cached": seq.n_cached if seq is not None else 0,  # prompt tokens reused from a cache
             })
         with self._cv:
             waiting = len(self._inbox) + len(self.scheduler.waiting)

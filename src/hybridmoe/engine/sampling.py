@@ -14,6 +14,12 @@ from typing import Any
 import torch
 
 
+DEFAULT_ORDER = ("top_k", "top_p", "min_p", "temperature")
+# llama.cpp's other samplers are identities at their neutral settings, the only ones served here.
+KNOWN_SAMPLERS = frozenset(DEFAULT_ORDER) | {"penalties", "dry", "top_n_sigma", "typ_p", "typical_p", "xtc",
+                                             "infill", "adaptive_p"}
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -25,6 +31,9 @@ class SamplingParams:
     stop_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int = 0  # top-k logprobs to report per token (0 = none)
+    # llama-server's `samplers`: the filters applied, in order (a filter left out is not applied;
+    # without "temperature" the draw is at temperature 1). None: DEFAULT_ORDER.
+    samplers: tuple[str, ...] | None = None
 
     def validate(self) -> None:
         if self.temperature < 0:
@@ -41,6 +50,9 @@ class SamplingParams:
             raise ValueError(f"seed must be a 64-bit integer (negative: random), got {self.seed}")
         if self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        unknown = [n for n in self.samplers or () if n not in KNOWN_SAMPLERS]
+        if unknown:
+            raise ValueError(f"unknown sampler {unknown[0]!r}; known: {', '.join(sorted(KNOWN_SAMPLERS))}")
 
 
 @dataclass
@@ -61,20 +73,23 @@ class Sampler:
         """Logits with everything outside top-k / top-p / min-p set to -inf, then tempered."""
         p = self.params
         x = logits.float().cpu().clone()
-        if p.top_k > 0 and p.top_k < x.numel():
-            kth = torch.topk(x, p.top_k).values[-1]
-            x[x < kth] = float("-inf")
-        if p.top_p < 1.0:
-            sorted_x, order = torch.sort(x, descending=True)
-            probs = torch.softmax(sorted_x, dim=-1)
-            cum = torch.cumsum(probs, dim=-1)
-            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-            drop = (cum - probs) >= p.top_p
-            x[order[drop]] = float("-inf")
-        if p.min_p > 0.0:
-            probs = torch.softmax(x, dim=-1)
-            x[probs < p.min_p * probs.max()] = float("-inf")
-        return x / p.temperature
+        for name in p.samplers if p.samplers is not None else DEFAULT_ORDER:
+            if name == "top_k" and 0 < p.top_k < x.numel():
+                kth = torch.topk(x, p.top_k).values[-1]
+                x[x < kth] = float("-inf")
+            elif name == "top_p" and p.top_p < 1.0:
+                sorted_x, order = torch.sort(x, descending=True)
+                probs = torch.softmax(sorted_x, dim=-1)
+                cum = torch.cumsum(probs, dim=-1)
+                # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+                drop = (cum - probs) >= p.top_p
+                x[order[drop]] = float("-inf")
+            elif name == "min_p" and p.min_p > 0.0:
+                probs = torch.softmax(x, dim=-1)
+                x[probs < p.min_p * probs.max()] = float("-inf")
+            elif name == "temperature" and p.temperature > 0.0:
+                x = x / p.temperature
+        return x
 
     def sample(self, logits: torch.Tensor, constraint: Any = None) -> int:
         """One token; with a `constraint` (engine.constraints.GrammarConstraint), one it allows:

@@ -149,6 +149,7 @@ class GptOss:
             from tqdm import tqdm
 
             layers = tqdm(layers, desc="loading layers", unit="layer")
+        self._swa_full = False
         self.layers = [_Layer(self, mf, cfg, i, placement) for i in layers]
         out_dev = torch.device(placement.device_of("output.weight"))
         self.out_device = out_dev
@@ -179,7 +180,14 @@ class GptOss:
             window=cfg.sliding_window,
             devices=tuple(layer.device for layer in self.layers),
             dtype=dtype,
+            # --swa-full: sliding layers as long as the context, so any cached prefix can be reused.
+            **({"slack": 2**31} if self._swa_full else {}),
         )
+
+    def use_full_swa_cache(self) -> None:
+        """llama.cpp's --swa-full: caches made from now on keep every position in sliding-window
+        layers too (more memory; a slot can roll back to any prefix instead of window + slack)."""
+        self._swa_full = True
 
     def make_cache(self, max_ctx: int) -> SequenceKVCache:
         return SequenceKVCache(self.cache_layout(), max_ctx)

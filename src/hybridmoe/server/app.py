@@ -14,7 +14,6 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -30,12 +29,16 @@ from hybridmoe.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from hybridmoe.server.cors import CorsConfig, CorsMiddleware
+from hybridmoe.server.native_api import register_routes as register_native_routes
 from hybridmoe.server.responses_api import ResponsesRequest, ResponseStore
 from hybridmoe.server.serving import Serving
 from hybridmoe.server.webui_routes import WEBUI_PUBLIC_PATHS, add_webui_routes
 
 log = logging.getLogger(__name__)
 
+# Open without the API key, as in llama-server: health and the web UI's files (the page holds no
+# data and asks for the key itself). The model list stays behind the key, as in the newest llama-server.
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"}) | WEBUI_PUBLIC_PATHS
 ANTHROPIC_PREFIX = "/v1/messages"  # routes whose errors take Anthropic's shape
 
@@ -44,6 +47,8 @@ ANTHROPIC_PREFIX = "/v1/messages"  # routes whose errors take Anthropic's shape
 class ServerState:
     api_keys: list[str] = field(default_factory=list)
     metrics_enabled: bool = False
+    slots_enabled: bool = True  # --no-slots: /slots answers 501
+    cors: CorsConfig = field(default_factory=CorsConfig)
     serving: Serving | None = None
     load_error: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -98,7 +103,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(HeadAsGet)
     app.add_middleware(_ApiKeyMiddleware, state=state)
     # Browser UIs call llama-server cross-origin; added last = outermost, so preflights skip the key.
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(CorsMiddleware, config=state.cors)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -162,8 +167,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def messages_count_tokens(req: MessagesInput) -> Any:
         return await messages_api.count_tokens(serving(), req)
 
-    @app.post("/v1/completions")
-    @app.post("/completions")
+    @app.post("/v1/completions")  # /completion(s) are llama-server's native API: native_api.py
     async def completions(req: CompletionRequest, request: Request) -> Any:
         result = await serving().completion(req, request.is_disconnected)
         return _respond(result)
@@ -187,6 +191,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/slots")
     async def slots(fail_on_no_slot: int = 0) -> Any:
+        if not state.slots_enabled:
+            raise APIError(501, "This server does not support slots endpoint. Start it with `--slots`",
+                           type="not_supported_error")
         s = serving()
         info = s.slots()
         if fail_on_no_slot and all(x["is_processing"] for x in info):
@@ -206,6 +213,7 @@ def create_app(state: ServerState) -> FastAPI:
         return PlainTextResponse(serving().metrics_text(), media_type="text/plain; version=0.0.4")
 
     add_webui_routes(app)
+    register_native_routes(app, serving)
     return app
 
 

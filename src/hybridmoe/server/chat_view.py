@@ -20,9 +20,12 @@ from hybridmoe.tokenizer.harmony import Event, HarmonyParser
 class ChatView:
     """Accumulates one response; `push` returns the deltas to stream for one engine event."""
 
-    def __init__(self, tokenizer: Any, raw: bool, stop: Sequence[str] = (), prefix_ids: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: Any, raw: bool, stop: Sequence[str] = (), prefix_ids: Sequence[int] = (),
+                 context_ids: Sequence[int] = ()) -> None:
         """prefix_ids: tokens the server put after the prompt's generation header on the model's
-        behalf (a forced tool-call header); they are part of the response, as if generated."""
+        behalf (a forced tool-call header); they are part of the response, as if generated.
+        context_ids: the continued message's tokens (continue_final_message): they set the
+        parser's state (channel) but are not sent again."""
         self.raw = raw
         self._parser = None if raw else HarmonyParser(tokenizer)
         # The engine cuts stop strings from its raw text; parsed channels need the same cut.
@@ -35,6 +38,8 @@ class ChatView:
         self._reasoning: list[str] = []
         self._tools: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []  # the prefix's deltas, sent with the first push
+        for tid in context_ids if not raw else ():
+            self._parser.push(tid)
         if prefix_ids and raw:
             text = tokenizer.decode(list(prefix_ids))
             self._content.append(text)

@@ -1,32 +1,56 @@
-"""Prometheus text for /metrics, with llama-server's metric names so existing dashboards work."""
+"""Prometheus text for /metrics, with llama-server's metric names and meanings so existing
+dashboards work (`llamacpp:` prefix; speculative-decoding counters are 0, as llama-server reports
+them with speculation off)."""
 
 from __future__ import annotations
 
-from hybridmoe.engine.engine import Engine
+import threading
+from dataclasses import dataclass, field
+
+from hybridmoe.engine.engine import Engine, Usage
 
 
-def prometheus_text(engine: Engine) -> str:
+@dataclass
+class ServerCounters:
+    """Per-request quantities the engine does not count, recorded when a request finishes."""
+
+    n_tokens_max: int = 0  # longest sequence seen (prompt + generation), llama-server's meaning
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, usage: Usage) -> None:
+        with self._lock:
+            self.n_tokens_max = max(self.n_tokens_max, usage.prompt_tokens + usage.completion_tokens)
+
+
+def prometheus_text(engine: Engine, counters: ServerCounters | None = None) -> str:
     m = engine.metrics
+    c = counters or ServerCounters()
     status = engine.status()
     busy = sum(s["is_processing"] for s in status["slots"])
-    rows = [
-        ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", m.prompt_tokens_total),
-        ("prompt_seconds_total", "counter", "Prompt process time.", m.prompt_seconds_total),
-        ("tokens_predicted_total", "counter", "Number of generation tokens processed.", m.tokens_predicted_total),
-        ("tokens_predicted_seconds_total", "counter", "Predict process time.", m.tokens_predicted_seconds_total),
-        ("n_decode_total", "counter", "Total number of model forward calls.", m.n_decode_total),
-        ("requests_total", "counter", "Requests accepted into the queue.", m.requests_total),
-        ("requests_rejected_total", "counter", "Requests refused because the queue was full.",
-         m.requests_rejected_total),
-        ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per forward call.",
-         m.n_busy_slots_total / m.n_decode_total if m.n_decode_total else 0.0),
-        ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+    counter_rows = [
+        ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens.", m.prompt_tokens_total),
+        ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.", m.cached_tokens_total),
+        ("prompt_seconds_total", "Prompt process time in seconds.", m.prompt_seconds_total),
+        ("tokens_predicted_total", "Number of generation tokens processed.", m.tokens_predicted_total),
+        ("tokens_predicted_seconds_total", "Predict process time in seconds.", m.tokens_predicted_seconds_total),
+        ("n_decode_total", "Total number of model forward calls.", m.n_decode_total),
+        ("n_tokens_max", "Largest observed sequence length (prompt + generation).", c.n_tokens_max),
+        ("spec_decode_num_draft_tokens_total", "Speculative: draft tokens generated (no speculation here).", 0),
+        ("spec_decode_num_accepted_tokens_total", "Speculative: draft tokens accepted (no speculation here).", 0),
+        ("spec_decode_num_drafts_total", "Speculative: verification steps (no speculation here).", 0),
+        # hybridmoe's own, no llama-server equivalent:
+        ("requests_total", "Requests accepted into the queue.", m.requests_total),
+        ("requests_rejected_total", "Requests refused because the queue was full.", m.requests_rejected_total),
+    ]
+    gauge_rows = [
+        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
          m.prompt_tokens_total / m.prompt_seconds_total if m.prompt_seconds_total else 0.0),
-        ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+        ("predicted_tokens_seconds", "Average generation throughput in tokens/s.",
          m.tokens_predicted_total / m.tokens_predicted_seconds_total if m.tokens_predicted_seconds_total else 0.0),
-        ("n_tokens_max", "counter", "Largest number of tokens in one forward call.", m.n_tokens_max),
-        ("requests_processing", "gauge", "Number of requests processing.", busy),
-        ("requests_deferred", "gauge", "Number of requests waiting for a slot.", status["requests_waiting"]),
+        ("requests_processing", "Number of requests processing.", busy),
+        ("requests_deferred", "Number of requests waiting for a slot.", status["requests_waiting"]),
+        ("n_busy_slots_per_decode", "Average number of busy slots per forward call.",
+         m.n_busy_slots_total / m.n_decode_total if m.n_decode_total else 0.0),
     ]
     mem = status["memory"]
     # Ours, beside llama-server's names: prompt reuse and the RAM it holds.
@@ -39,7 +63,8 @@ def prometheus_text(engine: Engine) -> str:
         ("prompt_cache_limit_bytes", "gauge", "The prompt cache's bound (-1 = none).", mem["prompt_cache_limit_bytes"]),
     ]
     lines = []
-    for prefix, table in (("llamacpp", rows), ("hybridmoe", own)):
-        for name, kind, help_, value in table:
-            lines += [f"# HELP {prefix}:{name} {help_}", f"# TYPE {prefix}:{name} {kind}", f"{prefix}:{name} {value}"]
+    for prefix, kind, name, help_, value in [*(("llamacpp", "counter", *r) for r in counter_rows),
+                                             *(("llamacpp", "gauge", *r) for r in gauge_rows),
+                                             *(("hybridmoe", k, n, h, v) for n, k, h, v in own)]:
+        lines += [f"# HELP {prefix}:{name} {help_}", f"# TYPE {prefix}:{name} {kind}", f"{prefix}:{name} {value}"]
     return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -28,9 +29,14 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.extra = extra or {}  # more fields of the error object (llama-server's n_prompt_tokens, n_ctx)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
+                          **self.extra}}
+
+
+NO_LIMIT = 2**31 - 1  # a token limit of -1 (llama-server's "infinity"): the context is the limit
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -124,7 +130,11 @@ class SamplingFields(_Lenient):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)  # the generator takes 64 bits; < 0: random
     stop: str | list[str] | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1)  # at most --parallel, checked by serving (llama-server's limit)
+    n_predict: int | None = Field(default=None, ge=-1)  # llama-server's name; wins over max_tokens
+    samplers: list[str] | str | None = None  # llama-server: sampler order (names, or letters "kpmt")
+    return_progress: bool = False  # llama-server: prompt_progress chunks while the prompt is processed
+    cache_prompt: bool = True  # llama-server: reuse a cached prefix of the prompt (false: compute it all)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # llama-server extra
@@ -140,13 +150,6 @@ class SamplingFields(_Lenient):
     def _positive(cls, v: int | None) -> int | None:
         if v is not None and v <= 0:
             raise ValueError(f"max_tokens must be at least 1, got {v}")
-        return v
-
-    @field_validator("n")
-    @classmethod
-    def _single(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"only n=1 is supported, got {v}")
         return v
 
     @field_validator("stop")
@@ -192,8 +195,10 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "low", "medium", "high"] | None = None  # "none": reasoning off
     reasoning_format: Literal["none", "auto", "deepseek"] | None = None  # llama-server extra
+    add_generation_prompt: bool = True  # llama-server extras: see server/chat_checks.py
+    continue_final_message: bool | None = None
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -240,14 +245,26 @@ class ChatCompletionRequest(SamplingFields):
         return name
 
     def token_limit(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        """n_predict (llama-server) > max_completion_tokens > max_tokens; -1: up to the context;
+        None: the server's -n."""
+        for v in (self.n_predict, self.max_completion_tokens, self.max_tokens):
+            if v is not None:
+                return NO_LIMIT if v < 0 else v
+        return None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
-    max_tokens: int | None = 16  # OpenAI's legacy default
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
+
+    def token_limit(self, server_default: int | None) -> int | None:
+        """n_predict (llama-server) > max_tokens > the server's -n > OpenAI's legacy 16;
+        -1: no limit (None)."""
+        for v in (self.n_predict, self.max_tokens, server_default, 16):
+            if v is not None:
+                return NO_LIMIT if v < 0 else v
+        return NO_LIMIT
 
     @field_validator("prompt")
     @classmethod
@@ -274,8 +291,10 @@ class DetokenizeRequest(_Lenient):
 class ApplyTemplateRequest(_Lenient):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
-    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool | None = None
 
 
 def validate_tagged(obj: Any, kinds: dict[str, type[BaseModel]], what: str, default: str | None = None) -> Any:

@@ -18,11 +18,15 @@ from typing import Any
 from hybridmoe import __version__
 from hybridmoe.engine.constraints import ConstraintError, ConstraintSpec, compile_constraint, token_table
 from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
-from hybridmoe.engine.sampling import SamplingParams
+from hybridmoe.engine.sampling import DEFAULT_ORDER, KNOWN_SAMPLERS, SamplingParams
+from hybridmoe.server.chat_checks import check_messages
+from hybridmoe.server.chat_render import ChatRenderer, Rendered
 from hybridmoe.server.chat_view import ChatView
 from hybridmoe.server.constraint_fields import output_constraint
+from hybridmoe.server.event_streams import Progress, merged_events
 from hybridmoe.server.limits import check_template_kwargs, check_tools
-from hybridmoe.server.metrics import prometheus_text
+from hybridmoe.server.metrics import ServerCounters, prometheus_text
+from hybridmoe.server.native_result import Collected, llama_timings, native_final
 from hybridmoe.server.protocol import (
     APIError,
     ApplyTemplateRequest,
@@ -36,7 +40,6 @@ from hybridmoe.server.protocol import (
     bad_request,
 )
 from hybridmoe.server.shutdown import InFlight
-from hybridmoe.tokenizer.chat_template import ChatTemplateError, render_chat
 from hybridmoe.tokenizer.tokenizer import TokenLimitExceeded
 
 
@@ -53,13 +56,23 @@ class SamplingDefaults:
 @dataclass
 class ServingConfig:
     model_path: str
-    alias: str | None = None
+    alias: str | None = None  # one name, or llama-server's comma-separated list (-a a,b,c)
+    tags: list[str] = field(default_factory=list)  # --tags: informational, listed by /v1/models
     reasoning_format: str = "auto"  # none | auto | deepseek (same as auto for harmony)
+    reasoning: str = "auto"  # --reasoning on | off | auto: the template's enable_thinking
     chat_template: str | None = None  # overrides the GGUF's tokenizer.chat_template
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    seed: int | None = None  # --seed: requests without a seed use it (None/-1: random)
+    n_predict: int = -1  # -n: token limit of requests that give none (-1: the context)
+    verbose: bool = False  # --verbose: responses carry llama-server's `__verbose` (native result)
     test_hooks: bool = False  # honour `test_forced_output` (see GenerationRequest.forced_tokens)
     slot_save_path: str | None = None  # --slot-save-path: directory of slot state files
+    slot_save_path: str | None = None  # --slot-save-path: directory of slot state files
+
+    def aliases(self) -> list[str]:
+        """llama-server keeps aliases in a sorted set; the first is the model id."""
+        return sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
 
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -93,6 +106,38 @@ def _sse(obj: dict[str, Any] | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+# llama-server's sampler names and one-letter codes (common/sampling.cpp) -> the names used here.
+_SAMPLER_ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p", "temp": "temperature",
+                    "typical_p": "typ_p", "typical": "typ_p", "top-n-sigma": "top_n_sigma", "adaptive-p": "adaptive_p"}
+_SAMPLER_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
+                  "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}
+
+
+def exceed_context(n_prompt: int, n_ctx: int, param: str, at_least: bool = False) -> APIError:
+    """llama-server's error for a prompt longer than a slot's context: clients read n_prompt_tokens
+    and n_ctx from it to trim the history (`at_least`: the tokenizer stopped counting early)."""
+    count = f"at least {n_prompt}" if at_least else str(n_prompt)
+    return APIError(400, f"request ({count} tokens) exceeds the available context size ({n_ctx} tokens), "
+                         "try increasing it", type="exceed_context_size_error", param=param,
+                    code="context_length_exceeded", extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
+
+
+def sampler_order(samplers: list[str] | str | None) -> tuple[str, ...] | None:
+    """`samplers` as a list of names or a string of letters ("kpmt") -> names; 400 on unknown ones."""
+    if samplers is None:
+        return None
+    if isinstance(samplers, str):
+        bad = [ch for ch in samplers if ch not in _SAMPLER_CHARS]
+        if bad:
+            raise bad_request(f"unknown sampler letter {bad[0]!r} in samplers", param="samplers")
+        return tuple(_SAMPLER_CHARS[ch] for ch in samplers)
+    names = tuple(_SAMPLER_ALIASES.get(n.lower(), n.lower()) for n in samplers)
+    unknown = [n for n in names if n not in KNOWN_SAMPLERS]
+    if unknown:
+        raise bad_request(f"unknown sampler {unknown[0]!r} in samplers", param="samplers")
+    return names
+
+
 class Serving:
     """Turns validated protocol requests into engine requests and engine events into responses."""
 
@@ -105,34 +150,26 @@ class Serving:
         if not self.template:
             raise ValueError(f"{config.model_path} has no tokenizer.chat_template; pass --chat-template-file")
         path = Path(config.model_path)
-        self.model_id = config.alias or path.name
-        self._names = {self.model_id, config.model_path, path.name, path.stem}
+        # Any model name is served (llama-server serves its one model whatever the client sends).
+        self.model_id = (config.aliases() or [path.name])[0]
+        self.renderer = ChatRenderer(self.template, self.tokenizer, config.chat_template_kwargs, config.reasoning)
+        self.counters = ServerCounters()
         self.created = int(time.time())
         self.inflight = InFlight()
 
     # ---- request preparation ------------------------------------------------------------------
-    def _check_model(self, name: str | None) -> None:
-        if name and name not in self._names:
-            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_id}`",
-                           param="model", code="model_not_found")
-
     def _render(self, messages: list[ChatMessage], tools: list[Tool] | None, effort: str | None,
-                kwargs: dict[str, Any] | None) -> str:
+                kwargs: dict[str, Any] | None, add_generation_prompt: bool = True,
+                continue_final_message: bool | None = None) -> Rendered:
         check_template_kwargs(kwargs)
         check_tools(tools)
-        extra = {**self.config.chat_template_kwargs, **(kwargs or {})}
-        if effort is not None:
-            extra["reasoning_effort"] = effort
-        tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-        try:
-            return render_chat(self.template, [m.for_template() for m in messages], tools=tool_dicts,
-                               add_generation_prompt=True, **extra)
-        except ChatTemplateError as e:  # raise_exception in the template, bad roles: the request's fault
-            raise bad_request(f"chat template failed: {e}", param="messages") from None
+        plan = check_messages(messages, add_generation_prompt, continue_final_message)
+        return self.renderer.render(messages, tools, effort, kwargs, plan)
 
-    def _chat_prompt_ids(self, messages: list[ChatMessage], tools: list[Tool] | None, effort: str | None,
-                         kwargs: dict[str, Any] | None) -> list[int]:
-        return self._encode_prompt(self._render(messages, tools, effort, kwargs), "messages")
+    def _chat_prompt(self, req: ChatCompletionRequest, tools: list[Tool] | None) -> tuple[Rendered, list[int]]:
+        r = self._render(req.messages, tools, req.reasoning_effort, req.chat_template_kwargs,
+                         req.add_generation_prompt, req.continue_final_message)
+        return r, self._encode_prompt(r.prompt, "messages")
 
     def _encode_prompt(self, text: str, param: str) -> list[int]:
         """Prompt ids, refused as soon as they certainly exceed a slot's context (the tokenizer
@@ -141,8 +178,7 @@ class Serving:
         try:
             return self.tokenizer.encode(text, allow_special=True, max_tokens=ctx - 1)
         except TokenLimitExceeded as e:
-            raise bad_request(f"the request has at least {e.at_least} prompt tokens, more than the context of "
-                              f"a slot ({ctx} tokens)", param=param, code="context_length_exceeded") from None
+            raise exceed_context(e.at_least, ctx, param, at_least=True) from None
 
     def _harmony_prompt(self, prompt_ids: list[int]) -> bool:
         """The rendered prompt ends with harmony's `<|start|>assistant` generation header."""
@@ -150,12 +186,13 @@ class Serving:
         return (self.tokenizer.token_id("<|channel|>") is not None and start is not None
                 and prompt_ids[-1 - len(assistant):] == [start, *assistant])
 
-    def _forced_prefix(self, req: ChatCompletionRequest, prompt_ids: list[int]) -> list[int]:
+    def _forced_prefix(self, req: ChatCompletionRequest, prompt_ids: list[int], thinking: bool = True) -> list[int]:
         """Tokens written after the prompt's `<|start|>assistant` on the model's behalf.
         tool_choice 'required' / named: a tool call's header, so the reply is a call (the model
-        writes the arguments, and for 'required' the function name). JSON mode on a harmony model:
-        the final channel's header, so the constrained JSON is the answer. Both skip the analysis
-        channel. [] otherwise."""
+        writes the arguments, and for 'required' the function name). JSON mode, or reasoning
+        turned off (--reasoning off, enable_thinking false, reasoning_effort "none"), on a harmony
+        model: the final channel's header, so the answer comes without the analysis channel.
+        [] otherwise."""
         forced = req.forced_tool()
         if forced is not None:
             if not self._harmony_prompt(prompt_ids):
@@ -164,22 +201,27 @@ class Serving:
             header = f"<|channel|>commentary to=functions.{forced} <|constrain|>json<|message|>" if forced else \
                 "<|channel|>commentary to=functions"
             return self.tokenizer.encode(header, allow_special=True)
-        if req.constrained() and self._harmony_prompt(prompt_ids):
+        if (req.constrained() or not thinking) and self._harmony_prompt(prompt_ids):
             return self.tokenizer.encode("<|channel|>final<|message|>", allow_special=True)
         return []
 
     def _sampling(self, req: SamplingFields, n_prompt: int, limit: int | None, logprobs_k: int | None) -> SamplingParams:
         d = self.config.defaults
         room = self.engine.ctx_size_per_slot - n_prompt
+        if limit is None and self.config.n_predict >= 0:
+            limit = self.config.n_predict
+        if limit == 0:
+            raise bad_request("n_predict 0 (evaluate the prompt only) is not supported", param="n_predict")
         params = SamplingParams(
             temperature=d.temperature if req.temperature is None else req.temperature,
             top_k=d.top_k if req.top_k is None else req.top_k,
             top_p=d.top_p if req.top_p is None else req.top_p,
             min_p=d.min_p if req.min_p is None else req.min_p,
-            seed=req.seed,
+            seed=req.seed if req.seed is not None else self.config.seed,
             max_tokens=min(limit, room) if limit is not None else room,
             ignore_eos=req.ignore_eos,
             logprobs=logprobs_k or 0,
+            samplers=sampler_order(req.samplers),
         )
         try:
             params.validate()
@@ -191,6 +233,11 @@ class Serving:
         """Fields every response object and stream chunk of one request shares."""
         return {"id": f"{id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
                 "system_fingerprint": f"hybridmoe-{__version__}"}
+
+    def check_n(self, n: int) -> None:
+        if n > self.engine.n_parallel:
+            raise bad_request(f"n must be between 1 and the number of slots ({self.engine.n_parallel}), got {n}",
+                              param="n")
 
     async def _constraint(self, req: SamplingFields) -> ConstraintSpec | None:
         """The request's output constraint, compiled off the engine thread (a big schema's build
@@ -204,14 +251,27 @@ class Serving:
         except ConstraintError as e:
             raise bad_request(str(e), param=e.param) from None
 
+    def submit_n(self, prompt_ids: list[int], req: SamplingFields, limit: int | None, logprobs_k: int | None,
+                 n: int = 1, constraint: ConstraintSpec | None = None) -> list[RequestHandle]:
+        """`n` requests for one prompt (n > 1: llama-server's n_cmpl, one slot each); all or none."""
+        self.check_n(n)
+        handles: list[RequestHandle] = []
+        try:
+            for _ in range(n):
+                handles.append(self._submit(prompt_ids, req, limit, logprobs_k, constraint))
+        except APIError:
+            for h in handles:
+                h.cancel()
+            raise
+        return handles
+
     def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None,
                 logprobs_k: int | None, constraint: ConstraintSpec | None = None) -> RequestHandle:
         n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
         if n >= ctx:
-            raise bad_request(f"the request has {n} prompt tokens, more than the context of a slot "
-                              f"({ctx} tokens)", param="messages", code="context_length_exceeded")
+            raise exceed_context(n, ctx, "messages")
         gen = GenerationRequest(
             prompt_ids=prompt_ids,
             params=self._sampling(req, n, limit, logprobs_k),
@@ -219,6 +279,7 @@ class Serving:
             logprobs=logprobs_k,
             forced_tokens=self._forced(req),
             constraint=constraint,
+            cache_prompt=req.cache_prompt,
         )
         try:
             return self.inflight.add(self.engine.submit(gen, loop=asyncio.get_running_loop()))
@@ -261,109 +322,164 @@ class Serving:
 
         return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
 
+    def _usage_of(self, events: list[EngineEvent]) -> dict[str, Any]:
+        """Usage of one request, or of n choices of one prompt (completion tokens summed)."""
+        out = self._usage(events[0])
+        if len(events) > 1:
+            out["completion_tokens"] = sum(ev.usage.completion_tokens for ev in events)
+            out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+        return out
+
+    def _finished(self, ev: EngineEvent) -> None:
+        if ev.usage is not None:
+            self.counters.record(ev.usage)
+
+    def _verbose(self, handle: RequestHandle, c: Collected, stream: bool) -> dict[str, Any]:
+        """llama-server's `__verbose` (with --verbose): the native result of the request."""
+        return native_final(handle, c, index=0, model=self.model_id, n_ctx=self.engine.ctx_size_per_slot,
+                            prompt=self.tokenizer.decode(list(handle.request.prompt_ids)), stream=stream,
+                            return_tokens=True, post_sampling=False, token_bytes=self.tokenizer.token_bytes,
+                            decode=self.tokenizer.decode)
+
     # ---- chat ---------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest,
                    disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
-        handle, view = await self.start_chat(req)
+        handles, views = await self.start_chat_n(req)
         head = self._head("chatcmpl")
         if req.stream:
-            return self._chat_stream(handle, view, head, _include_usage(req))
-        return await self._chat_full(handle, view, head, disconnected)
+            return self._chat_stream(handles, views, head, _include_usage(req), req.return_progress)
+        return await self._chat_full(handles, views, head, disconnected)
+
+    async def chat_rendered(self, req: ChatCompletionRequest) -> tuple[Rendered, list[int]]:
+        """The rendered prompt and its tokens (checked with llama-server's message rules)."""
+        tools = None if req.tool_choice == "none" else req.tools
+        # Rendering and tokenizing a long conversation takes a while: keep the event loop free.
+        return await asyncio.to_thread(self._chat_prompt, req, tools)
 
     async def chat_prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
         """The rendered, tokenized prompt of a chat request (also what the token-counting endpoints count)."""
-        self._check_model(req.model)
-        tools = None if req.tool_choice == "none" else req.tools
-        # Rendering and tokenizing a long conversation takes a while: keep the event loop free.
-        return await asyncio.to_thread(self._chat_prompt_ids, req.messages, tools, req.reasoning_effort,
-                                       req.chat_template_kwargs)
+        return (await self.chat_rendered(req))[1]
 
     async def start_chat(self, req: ChatCompletionRequest) -> tuple[RequestHandle, ChatView]:
         """Render -> tokenize -> submit one chat request; its events go through the returned view.
         Shared by chat completions and the Responses / Messages mappings (which build `req`)."""
+        handles, views = await self.start_chat_n(req, 1)
+        return handles[0], views[0]
+
+    async def start_chat_n(self, req: ChatCompletionRequest,
+                           n: int | None = None) -> tuple[list[RequestHandle], list[ChatView]]:
+        """`n` (default: req.n) choices of one chat request, one slot and one view each."""
+        n = req.n if n is None else n
+        self.check_n(n)
         constraint = await self._constraint(req)
-        ids = await self.chat_prompt_ids(req)
-        prefix = self._forced_prefix(req, ids)
+        rendered, ids = await self.chat_rendered(req)
+        prefix = self._forced_prefix(req, ids, rendered.enable_thinking)
+        context = self.tokenizer.encode(rendered.continuation, allow_special=True) if rendered.continuation else []
         k = (req.top_logprobs or 0) if req.logprobs else None
-        view = ChatView(self.tokenizer, raw=(req.reasoning_format or self.config.reasoning_format) == "none",
-                        stop=req.stop_list(), prefix_ids=prefix)
+        raw = (req.reasoning_format or self.config.reasoning_format) == "none"
+        views = [ChatView(self.tokenizer, raw=raw, stop=req.stop_list(), prefix_ids=prefix, context_ids=context)
+                 for _ in range(n)]
         ids = ids + prefix
         # Last: nothing may fail after the submit.
-        handle = self._submit(ids, req, req.token_limit(), k, constraint)
-        return handle, view
+        return self.submit_n(ids, req, req.token_limit(), k, n, constraint), views
 
-    async def _chat_full(self, handle: RequestHandle, view: ChatView, head: dict[str, Any],
+    async def _chat_full(self, handles: list[RequestHandle], views: list[ChatView], head: dict[str, Any],
                          disconnected: Disconnected | None) -> dict[str, Any]:
-        logprobs: list[dict[str, Any]] = []
-        async for ev in events(handle, disconnected):
-            view.push(ev)
-            if ev.logprob is not None:
-                logprobs.append(self._logprob_entry(ev.logprob))
-            last = ev
-        failure = self._failure(last)
-        if failure is not None:
-            raise failure
-        message = {"role": "assistant", **view.message()}
-        return {
-            **head,
-            "object": "chat.completion",
-            "choices": [{
-                "index": 0,
-                "message": message,
+        async def one(handle: RequestHandle, view: ChatView) -> tuple[Collected, list[dict[str, Any]]]:
+            c, logprobs = Collected(), []
+            async for ev in events(handle, disconnected):
+                view.push(ev)
+                c.push(ev)
+                if ev.logprob is not None:
+                    logprobs.append(self._logprob_entry(ev.logprob))
+            return c, logprobs
+
+        results = await asyncio.gather(*(one(h, v) for h, v in zip(handles, views)))
+        choices = []
+        for i, ((c, logprobs), handle, view) in enumerate(zip(results, handles, views)):
+            last = c.last
+            self._finished(last)
+            failure = self._failure(last)
+            if failure is not None:
+                raise failure
+            choices.append({
+                "index": i,
+                "message": {"role": "assistant", **view.message()},
                 "logprobs": {"content": logprobs} if handle.request.logprobs is not None else None,
                 "finish_reason": view.finish_reason(last.finish_reason),
-            }],
-            "usage": self._usage(last),
-            "timings": last.timings,
-        }
+            })
+        out = {**head, "object": "chat.completion", "choices": choices,
+               "usage": self._usage_of([c.last for c, _ in results]), "timings": llama_timings(results[0][0].last.timings)}
+        if self.config.verbose:
+            out["__verbose"] = self._verbose(handles[0], results[0][0], stream=False)
+        return out
 
-    async def _chat_stream(self, handle: RequestHandle, view: ChatView, head: dict[str, Any],
-                           include_usage: bool) -> AsyncIterator[str]:
-        def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+    async def _chat_stream(self, handles: list[RequestHandle], views: list[ChatView], head: dict[str, Any],
+                           include_usage: bool, progress: bool = False) -> AsyncIterator[str]:
+        def chunk(i: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
             return {**head, "object": "chat.completion.chunk",
-                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+                    "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
+        collected = [Collected() for _ in handles]
+        finals: list[EngineEvent] = []
         try:
-            yield _sse(chunk({"role": "assistant", "content": None}))
-            async for ev in handle:
-                lp = {"content": [self._logprob_entry(ev.logprob)]} if ev.logprob is not None else None
-                deltas = view.push(ev)
-                for i, d in enumerate(deltas):
-                    yield _sse(chunk(d, logprobs=lp if i == 0 else None))
-                if lp is not None and not deltas:
-                    yield _sse(chunk({}, logprobs=lp))
-                if ev.finish_reason is None:
-                    continue
-                failure = self._failure(ev)
-                if failure is not None:
-                    yield _sse(failure.body())
-                else:
-                    final = chunk({}, view.finish_reason(ev.finish_reason))
-                    final["timings"] = ev.timings
-                    yield _sse(final)
-                    if include_usage:
-                        yield _sse({**head, "object": "chat.completion.chunk", "choices": [],
-                                    "usage": self._usage(ev)})
-                yield _sse("[DONE]")
-        finally:
-            handle.cancel()  # client gone mid-stream: the engine frees the slot at its next step
+            for i in range(len(handles)):
+                yield _sse(chunk(i, {"role": "assistant", "content": None}))
+        except BaseException:
+            for h in handles:
+                h.cancel()  # client gone before the first token: free the slots
+            raise
+        async for i, ev in merged_events(handles, self.engine, progress):
+            if isinstance(ev, Progress):
+                yield _sse({**chunk(i, {"role": "assistant", "content": None}), "prompt_progress": ev.to_json()})
+                continue
+            view = views[i]
+            collected[i].push(ev)
+            lp = {"content": [self._logprob_entry(ev.logprob)]} if ev.logprob is not None else None
+            deltas = view.push(ev)
+            for j, d in enumerate(deltas):
+                yield _sse(chunk(i, d, logprobs=lp if j == 0 else None))
+            if lp is not None and not deltas:
+                yield _sse(chunk(i, {}, logprobs=lp))
+            if ev.finish_reason is None:
+                continue
+            self._finished(ev)
+            failure = self._failure(ev)
+            if failure is not None:
+                yield _sse(failure.body())
+                continue
+            finals.append(ev)
+            final = chunk(i, {}, view.finish_reason(ev.finish_reason))
+            if not include_usage:
+                final["timings"] = llama_timings(ev.timings)
+            if self.config.verbose and i == 0:
+                final["__verbose"] = self._verbose(handles[0], collected[0], stream=True)
+            yield _sse(final)
+        if include_usage and finals:
+            # llama-server puts the timings on the last chunk: the usage chunk (choices: []).
+            yield _sse({**head, "object": "chat.completion.chunk", "choices": [],
+                        "usage": self._usage_of(finals), "timings": llama_timings(finals[-1].timings)})
+        yield _sse("[DONE]")
 
     # ---- legacy completions ---------------------------------------------------------------------
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A prompt as text (special tokens parsed, as llama-server does) or as token ids."""
+        if isinstance(prompt, str):
+            return self._encode_prompt(prompt, "prompt")
+        return self._check_ids(prompt, "prompt")
+
     async def completion(self, req: CompletionRequest,
                          disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
-        self._check_model(req.model)
+        self.check_n(req.n)
         constraint = await self._constraint(req)
-        if isinstance(req.prompt, str) or isinstance(req.prompt[0], str):
-            text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-            ids = await asyncio.to_thread(self._encode_prompt, text, "prompt")
-        else:
-            ids = self._check_ids(req.prompt, "prompt")
+        prompt = req.prompt if isinstance(req.prompt, str) or not isinstance(req.prompt[0], str) else req.prompt[0]
+        ids = await asyncio.to_thread(self.prompt_ids, prompt)
         echo = self.tokenizer.decode(ids) if req.echo else ""
-        handle = self._submit(ids, req, req.max_tokens, req.logprobs, constraint)
+        handles = self.submit_n(ids, req, req.token_limit(self.config.n_predict), req.logprobs, req.n, constraint)
         head = self._head("cmpl")
         if req.stream:
-            return self._completion_stream(handle, head, _include_usage(req), echo)
-        return await self._completion_full(handle, head, disconnected, echo)
+            return self._completion_stream(handles, head, _include_usage(req), echo, req.return_progress)
+        return await self._completion_full(handles, head, disconnected, echo)
 
     def _legacy_logprobs(self, lps: list[Any]) -> dict[str, Any]:
         piece = self.tokenizer.token_text
@@ -373,49 +489,66 @@ class Serving:
             "top_logprobs": [{piece(t): v for t, v in lp.top} for lp in lps],
         }
 
-    async def _completion_full(self, handle: RequestHandle, head: dict[str, Any],
+    async def _completion_full(self, handles: list[RequestHandle], head: dict[str, Any],
                                disconnected: Disconnected | None, echo: str) -> dict[str, Any]:
-        text, lps = [echo], []
-        async for ev in events(handle, disconnected):
-            text.append(ev.text)
-            if ev.logprob is not None:
-                lps.append(ev.logprob)
-            last = ev
-        failure = self._failure(last)
-        if failure is not None:
-            raise failure
-        return {
-            **head,
-            "object": "text_completion",
-            "choices": [{"index": 0, "text": "".join(text), "finish_reason": last.finish_reason,
-                         "logprobs": self._legacy_logprobs(lps) if handle.request.logprobs is not None else None}],
-            "usage": self._usage(last),
-            "timings": last.timings,
-        }
+        async def one(handle: RequestHandle) -> Collected:
+            c = Collected()
+            async for ev in events(handle, disconnected):
+                c.push(ev)
+            return c
 
-    async def _completion_stream(self, handle: RequestHandle, head: dict[str, Any],
-                                 include_usage: bool, echo: str) -> AsyncIterator[str]:
+        results = await asyncio.gather(*(one(h) for h in handles))
+        choices = []
+        for i, (c, handle) in enumerate(zip(results, handles)):
+            self._finished(c.last)
+            failure = self._failure(c.last)
+            if failure is not None:
+                raise failure
+            choices.append({"index": i, "text": echo + c.content(), "finish_reason": c.last.finish_reason,
+                            "logprobs": self._legacy_logprobs(c.logprobs) if handle.request.logprobs is not None
+                            else None})
+        out = {**head, "object": "text_completion", "choices": choices,
+               "usage": self._usage_of([c.last for c in results]), "timings": llama_timings(results[0].last.timings)}
+        if self.config.verbose:
+            out["__verbose"] = self._verbose(handles[0], results[0], stream=False)
+        return out
+
+    async def _completion_stream(self, handles: list[RequestHandle], head: dict[str, Any],
+                                 include_usage: bool, echo: str, progress: bool = False) -> AsyncIterator[str]:
+        def chunk(i: int, text: str, lp: Any = None, finish: str | None = None) -> dict[str, Any]:
+            return {**head, "object": "text_completion",
+                    "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]}
+
+        finals: list[EngineEvent] = []
         try:
-            if echo:
-                yield _sse({**head, "object": "text_completion",
-                            "choices": [{"index": 0, "text": echo, "logprobs": None, "finish_reason": None}]})
-            async for ev in handle:
-                failure = self._failure(ev)
-                if failure is not None:
-                    yield _sse(failure.body())
-                    break
-                lp = self._legacy_logprobs([ev.logprob]) if ev.logprob is not None else None
-                if ev.text or lp or ev.finish_reason:
-                    c = {**head, "object": "text_completion",
-                         "choices": [{"index": 0, "text": ev.text, "logprobs": lp, "finish_reason": ev.finish_reason}]}
-                    if ev.finish_reason:
-                        c["timings"] = ev.timings
-                    yield _sse(c)
-                if ev.finish_reason and include_usage:
-                    yield _sse({**head, "object": "text_completion", "choices": [], "usage": self._usage(ev)})
-            yield _sse("[DONE]")
-        finally:
-            handle.cancel()
+            for i in range(len(handles) if echo else 0):
+                yield _sse(chunk(i, echo))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        async for i, ev in merged_events(handles, self.engine, progress):
+            if isinstance(ev, Progress):
+                yield _sse({**chunk(i, ""), "prompt_progress": ev.to_json()})
+                continue
+            if ev.finish_reason is not None:
+                self._finished(ev)
+            failure = self._failure(ev) if ev.finish_reason is not None else None
+            if failure is not None:
+                yield _sse(failure.body())
+                continue
+            lp = self._legacy_logprobs([ev.logprob]) if ev.logprob is not None else None
+            if ev.text or lp or ev.finish_reason:
+                c = chunk(i, ev.text, lp, ev.finish_reason)
+                if ev.finish_reason and not include_usage:
+                    c["timings"] = llama_timings(ev.timings)
+                yield _sse(c)
+            if ev.finish_reason:
+                finals.append(ev)
+        if include_usage and finals:
+            yield _sse({**head, "object": "text_completion", "choices": [], "usage": self._usage_of(finals),
+                        "timings": llama_timings(finals[-1].timings)})
+        yield _sse("[DONE]")
 
     # ---- small endpoints ----------------------------------------------------------------------
     def _check_ids(self, ids: list[int], param: str) -> list[int]:
@@ -438,7 +571,15 @@ class Serving:
         return {"content": self.tokenizer.decode(self._check_ids(req.tokens, "tokens"))}
 
     def apply_template(self, req: ApplyTemplateRequest) -> dict[str, Any]:
-        return {"prompt": self._render(req.messages, req.tools, req.reasoning_effort, req.chat_template_kwargs)}
+        r = self._render(req.messages, req.tools, req.reasoning_effort, req.chat_template_kwargs,
+                         req.add_generation_prompt, req.continue_final_message)
+        return {"prompt": r.prompt}
+
+    def input_tokens(self, req: ChatCompletionRequest) -> dict[str, Any]:
+        """llama-server's /v1/chat/completions/input_tokens: the prompt's token count."""
+        tools = None if req.tool_choice == "none" else req.tools
+        rendered, ids = self._chat_prompt(req, tools)
+        return {"object": "response.input_tokens", "input_tokens": len(ids)}
 
     def models(self) -> dict[str, Any]:
         cfg = self.llm.config
@@ -450,16 +591,19 @@ class Serving:
             "n_params": getattr(self.llm, "n_params", None),
             "size": path.stat().st_size if path.exists() else None,
         }
-        return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": self.created,
-                                            "owned_by": "hybridmoe", "meta": meta}]}
+        return {"object": "list", "data": [{"id": self.model_id, "aliases": self.config.aliases(),
+                                            "tags": list(self.config.tags), "object": "model",
+                                            "created": self.created, "owned_by": "hybridmoe", "meta": meta}]}
 
     def props(self) -> dict[str, Any]:
         d = self.config.defaults
         return {
             "default_generation_settings": {
                 "n_ctx": self.engine.ctx_size_per_slot,
-                "params": {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
-                           "n_predict": -1, "reasoning_format": self.config.reasoning_format},
+                "params": {"seed": 4294967295 if self.config.seed is None else self.config.seed,
+                           "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
+                           "n_predict": self.config.n_predict, "max_tokens": self.config.n_predict,
+                           "samplers": list(DEFAULT_ORDER), "reasoning_format": self.config.reasoning_format},
             },
             "total_slots": self.engine.n_parallel,
             "model_alias": self.model_id,
@@ -468,6 +612,9 @@ class Serving:
             "chat_template_caps": {"supports_tools": True, "supports_system_role": True},
             "modalities": {"vision": False, "audio": False},
             "build_info": f"hybridmoe {__version__}",
+            "bos_token": self.renderer.special["bos_token"],
+            "eos_token": self.renderer.special["eos_token"],
+            "is_sleeping": False,
         }
 
     def slots(self) -> list[dict[str, Any]]:
@@ -515,4 +662,4 @@ class Serving:
         return Path(self.config.slot_save_path) / filename
 
     def metrics_text(self) -> str:
-        return prometheus_text(self.engine)
+        return prometheus_text(self.engine, self.counters)
