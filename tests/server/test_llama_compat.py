@@ -137,10 +137,11 @@ def test_native_completions_path_is_native_and_json_schema(server):
     _, r = server.request("POST", "/completion", {"prompt": "JSON:", "n_predict": 60, "json_schema": schema,
                                                   "temperature": 0})
     assert isinstance(json.loads(r["content"])["a"], int)
-    status, err = server.request("POST", "/completion", {"prompt": "x", "grammar": "root ::= \"a\""})
-    assert status == 400 and "grammar" in err["error"]["message"]
+    status, r = server.request("POST", "/completion", {"prompt": "x", "grammar": 'root ::= "yes" | "no"',
+                                                       "n_predict": 5, "temperature": 0})
+    assert status == 200 and r["content"] in ("yes", "no"), r
     status, err = server.request("POST", "/completion", {"prompt": "x", "json_schema": {"type": "wat"}})
-    assert status == 400 and err["error"]["param"] == "json_schema"
+    assert status == 400 and err["error"]["param"].startswith("json_schema")
 
 
 def test_native_n_cmpl_and_cache_prompt(server):
@@ -432,10 +433,10 @@ def test_template_receives_llama_server_variables(served_model, tmp_path_factory
         stop_server(srv)
 
 
-def test_reserved_template_kwargs_are_ignored_not_a_crash(server):
+def test_reserved_template_kwargs_are_refused_not_a_crash(server):
     status, r = server.request("POST", "/apply-template", {
         "messages": MSGS, "chat_template_kwargs": {"messages": "x", "add_generation_prompt": False}})
-    assert status == 200 and r["prompt"].endswith("<|start|>assistant")
+    assert status == 400 and "chat_template_kwargs" in r["error"]["message"], r
 
 
 def test_verbose_off_by_default_and_any_model_on_v1_completions(client):

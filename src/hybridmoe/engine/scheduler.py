@@ -104,7 +104,10 @@ class PromptCache:
         return True
 
     def take(self, entry: CachedPrompt) -> None:
-        self.entries.remove(entry)
+        # Sequences admitted in one round can pick the same entry (n > 1 choices, identical
+        # prompts): each slot copies it in (restore copies), so a second take finds it gone.
+        if entry in self.entries:
+            self.entries.remove(entry)
 
     def clear(self) -> None:
         self.entries.clear()
