@@ -31,7 +31,7 @@ class CacheConfig:
     cache_ram_bytes: int | None = 8192 * 2**20  # --cache-ram: None = no limit, 0 = no RAM cache
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the data are tensors
 class Checkpoint:
     """The ring layers' state after `pos` tokens (the full layers are taken from the live state)."""
 
@@ -55,7 +55,7 @@ class SlotState:
         return sum(c.nbytes for c in self.checkpoints)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the data are tensors
 class CachedPrompt:
     """A whole KV state kept in RAM after its slot went to another conversation."""
 
