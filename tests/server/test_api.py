@@ -15,7 +15,7 @@ from .conftest import API_KEY
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
 
 
-def test_health_and_models(server, client):
+def test_health_and_models(server, client, served_llm):
     status, body = server.request("GET", "/health", key=None)  # open without the key
     assert (status, body) == (200, {"status": "ok"})
     models = client.models.list()
@@ -23,6 +23,11 @@ def test_health_and_models(server, client):
     status, body = server.request("GET", "/v1/models")
     meta = body["data"][0]["meta"]
     assert meta["n_vocab"] == 1024 and meta["n_ctx_train"] == 4096 and meta["size"] > 0
+    import math
+    import os
+
+    assert meta["n_params"] == sum(math.prod(t.ne) for t in served_llm.file.tensors.values())
+    assert meta["size"] == os.path.getsize(served_llm.path)
 
 
 def test_chat_non_stream_equals_llm_generate(server, client, served_llm):

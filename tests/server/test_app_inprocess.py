@@ -62,7 +62,7 @@ class InProcess:
 def make_serving(served_llm, served_model):
     def make(n_parallel: int = 1, max_queue: int = 0) -> Serving:
         engine = Engine(served_llm, n_parallel, 256, max_queue, batch_size=64).start()
-        return Serving(engine, served_llm, ServingConfig(model_path=served_model))
+        return Serving(engine, ServingConfig(model_path=served_model))
 
     return make
 
@@ -152,7 +152,7 @@ def test_model_failure_is_an_error_not_a_crash(make_serving, monkeypatch):
 def test_chat_template_file_overrides_the_gguf_template(served_llm, served_model):
     template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}<|start|>assistant"
     engine = Engine(served_llm, 1, 256, 0).start()
-    state = ServerState(serving=Serving(engine, served_llm, ServingConfig(model_path=served_model,
+    state = ServerState(serving=Serving(engine, ServingConfig(model_path=served_model,
                                                                           chat_template=template)))
     with InProcess(state) as srv:
         status, body = srv.request("POST", "/apply-template", {"messages": MSGS})

@@ -303,7 +303,7 @@ def _load(args: argparse.Namespace, path: str, state: Any, server: Any) -> None:
             test_hooks=args.test_hooks,
             slot_save_path=args.slot_save_path,
         )
-        state.serving = Serving(engine, llm, config)
+        state.serving = Serving(engine, config)
         log.info("model loaded: %s (%d slots x %d tokens of context)", path, n_parallel, per_slot)
     except Exception as e:
         log.debug("load failure", exc_info=True)

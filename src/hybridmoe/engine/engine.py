@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
+import os
 import queue
 import threading
 import time
@@ -18,12 +20,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
 from hybridmoe.engine.output import Metrics, OutputProcessor, find_stop, safe_prefix_len
-from hybridmoe.engine.request import EngineEvent, GenerationRequest, Sequence, Usage
+from hybridmoe.engine.request import EngineEvent, GenerationRequest, ModelInfo, Sequence, Usage
 from hybridmoe.engine.runner import ModelRunner
 from hybridmoe.engine.scheduler import Admission, CacheConfig, Scheduler
 
 __all__ = [
-    "CacheConfig", "Engine", "EngineClosedError", "EngineEvent", "GenerationRequest", "Metrics",
+    "CacheConfig", "Engine", "EngineClosedError", "EngineEvent", "GenerationRequest", "Metrics", "ModelInfo",
     "QueueFullError", "RequestHandle", "SlotError", "Usage", "find_stop", "safe_prefix_len",
 ]
 
@@ -108,6 +110,7 @@ class Engine:
             raise ValueError(f"max_queue must be >= 0 and batch_size >= 1, got {max_queue}, {batch_size}")
         self.llm = llm
         self.tokenizer = llm.tokenizer
+        self.model_info = _model_info(llm)
         self.n_parallel = n_parallel
         self.ctx_size_per_slot = ctx_size_per_slot
         self.max_queue = max_queue
@@ -387,3 +390,10 @@ class Engine:
         with self._cv:
             self.scheduler.release(seq)
         self.output.finish(seq, reason, stop_token_id, error)
+
+
+def _model_info(llm: Any) -> ModelInfo:
+    cfg, mf = llm.config, llm.file
+    n_params = sum(math.prod(t.ne) for t in mf.tensors.values())
+    size = sum(os.path.getsize(f.path) for f in mf.files)
+    return ModelInfo(str(llm.path), llm.chat_template, cfg.vocab_size, cfg.context_length, cfg.hidden, n_params, size)

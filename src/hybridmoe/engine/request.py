@@ -28,6 +28,19 @@ class GenerationRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the server says about the model (/v1/models, /props, templates), as plain data."""
+
+    path: str
+    chat_template: str | None
+    vocab_size: int
+    n_ctx_train: int
+    n_embd: int
+    n_params: int
+    size_bytes: int
+
+
 @dataclass
 class Usage:
     prompt_tokens: int

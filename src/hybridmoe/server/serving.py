@@ -141,12 +141,11 @@ def sampler_order(samplers: list[str] | str | None) -> tuple[str, ...] | None:
 class Serving:
     """Turns validated protocol requests into engine requests and engine events into responses."""
 
-    def __init__(self, engine: Engine, llm: Any, config: ServingConfig) -> None:
+    def __init__(self, engine: Engine, config: ServingConfig) -> None:
         self.engine = engine
-        self.llm = llm
         self.config = config
-        self.tokenizer = llm.tokenizer
-        self.template = config.chat_template or llm.chat_template
+        self.tokenizer = engine.tokenizer
+        self.template = config.chat_template or engine.model_info.chat_template
         if not self.template:
             raise ValueError(f"{config.model_path} has no tokenizer.chat_template; pass --chat-template-file")
         path = Path(config.model_path)
@@ -582,15 +581,9 @@ class Serving:
         return {"object": "response.input_tokens", "input_tokens": len(ids)}
 
     def models(self) -> dict[str, Any]:
-        cfg = self.llm.config
-        path = Path(self.config.model_path)
-        meta = {
-            "n_vocab": cfg.vocab_size,
-            "n_ctx_train": cfg.context_length,
-            "n_embd": cfg.hidden,
-            "n_params": getattr(self.llm, "n_params", None),
-            "size": path.stat().st_size if path.exists() else None,
-        }
+        info = self.engine.model_info
+        meta = {"n_vocab": info.vocab_size, "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd,
+                "n_params": info.n_params, "size": info.size_bytes}
         return {"object": "list", "data": [{"id": self.model_id, "aliases": self.config.aliases(),
                                             "tags": list(self.config.tags), "object": "model",
                                             "created": self.created, "owned_by": "hybridmoe", "meta": meta}]}
