@@ -170,6 +170,17 @@ inline void swiglu_ref(const float* g, const float* u, int64_t rows, int64_t n, 
         }
 }
 
+// max |x| over one 32-block; false when the block holds a NaN or an inf (its scale becomes NaN).
+inline bool block_absmax(const float* xb, float* amax) {
+    bool finite = true;
+    for (int j = 0; j < kBlockElems; ++j) {
+        const float a = xb[j] < 0.f ? -xb[j] : xb[j];
+        if (!(a <= 3.4028234663852886e38f)) finite = false;
+        else if (a > *amax) *amax = a;
+    }
+    return finite;
+}
+
 // The reference quantizer (the scalar set's quantize_q8); SIMD twins must match it bit for bit.
 inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
     const float kMagic = 12582912.f;  // 1.5 * 2^23: (v + magic) - magic rounds v to nearest even
@@ -181,12 +192,7 @@ inline void quantize_x_q8(const float* x, int64_t K, int8_t* q, float* d) {
         int8_t* lo = q + (b / 2) * kQ8xPairBytes + (b % 2) * 16;  // elements 0..15; 16..31: 32 bytes on
         float* db = d + (b / 2) * 8 + (b % 2) * 4;
         float amax = 0.f;
-        bool finite = true;
-        for (int j = 0; j < kBlockElems; ++j) {
-            const float a = xb[j] < 0.f ? -xb[j] : xb[j];
-            if (!(a <= 3.4028234663852886e38f)) finite = false;  // NaN or inf
-            else if (a > amax) amax = a;
-        }
+        const bool finite = block_absmax(xb, &amax);
         const float scale = finite ? amax / 127.f : __builtin_nanf("");
         for (int i = 0; i < 4; ++i) db[i] = scale;
         if (!finite) continue;  // q stays 0
@@ -239,12 +245,7 @@ inline void quantize_x_q16(const float* x, int64_t K, int16_t* q, float* d) {
     for (int64_t b = 0; b < nb; ++b) {
         const float* xb = x + b * kBlockElems;
         float amax = 0.f;
-        bool finite = true;
-        for (int j = 0; j < kBlockElems; ++j) {
-            const float a = xb[j] < 0.f ? -xb[j] : xb[j];
-            if (!(a <= 3.4028234663852886e38f)) finite = false;  // NaN or inf
-            else if (a > amax) amax = a;
-        }
+        const bool finite = block_absmax(xb, &amax);
         const float scale = finite ? amax / 32767.f : __builtin_nanf("");
         for (int i = 0; i < 4; ++i) d[(b / 2) * 8 + (b % 2) * 4 + i] = scale;
         if (!finite) continue;

@@ -528,6 +528,27 @@ inline __m256i dot16_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_add_
 inline __m256i dot16_first(__m256i w, __m256i x) { return _mm256_madd_epi16(w, x); }
 #include "gemv_q16.inc"
 
+// Loads one 32-block into v and its max |x| into amax (block_absmax's twin); false when the
+// block holds a NaN or an inf: finite iff |x| <= FLT_MAX in every lane.
+static inline bool load_block_absmax(const float* xb, __m256 v[4], float* amax) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 fmax = _mm256_set1_ps(3.4028234663852886e38f);
+    __m256 a[4];
+    for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(xb + 8 * i);
+        a[i] = _mm256_and_ps(v[i], absmask);
+    }
+    const __m256 ok = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(a[0], fmax, _CMP_LE_OQ), _mm256_cmp_ps(a[1], fmax, _CMP_LE_OQ)),
+                                    _mm256_and_ps(_mm256_cmp_ps(a[2], fmax, _CMP_LE_OQ), _mm256_cmp_ps(a[3], fmax, _CMP_LE_OQ)));
+    if (_mm256_movemask_ps(ok) != 0xff) return false;
+    __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    *amax = _mm_cvtss_f32(m4);
+    return true;
+}
+
 // quantize_x_q16's vector twin (same bits): v = x * (32767 / amax) lies within 32767.004 of
 // zero and (v - hi) * 65536 within 32768, where cvtps's round-to-nearest-even equals the scalar
 // magic-number rounding (clamped the same way).
@@ -535,29 +556,17 @@ void quantize_q16(const float* x, int64_t K, int16_t* q, float* d) {
     const int64_t nb = K / kBlockElems;
     std::memset(q, 0, size_t(q16x_elems(K)) * sizeof(int16_t));
     std::memset(d, 0, size_t(q16x_scales(K)) * sizeof(float));
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 fmax = _mm256_set1_ps(3.4028234663852886e38f);
     const __m256 lim = _mm256_set1_ps(32767.f), nlim = _mm256_set1_ps(-32767.f), s16 = _mm256_set1_ps(65536.f);
     for (int64_t b = 0; b < nb; ++b) {
         const float* xb = x + b * kBlockElems;
         int16_t* qb = q + (b / 2) * 128 + (b % 2) * 8;
         float* db = d + (b / 2) * 8 + (b % 2) * 4;
-        __m256 v[4], a[4];
-        for (int i = 0; i < 4; ++i) {
-            v[i] = _mm256_loadu_ps(xb + 8 * i);
-            a[i] = _mm256_and_ps(v[i], absmask);
-        }
-        const __m256 ok = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(a[0], fmax, _CMP_LE_OQ), _mm256_cmp_ps(a[1], fmax, _CMP_LE_OQ)),
-                                        _mm256_and_ps(_mm256_cmp_ps(a[2], fmax, _CMP_LE_OQ), _mm256_cmp_ps(a[3], fmax, _CMP_LE_OQ)));
-        if (_mm256_movemask_ps(ok) != 0xff) {
+        __m256 v[4];
+        float amax;
+        if (!load_block_absmax(xb, v, &amax)) {
             for (int i = 0; i < 4; ++i) db[i] = __builtin_nanf("");
-            continue;
+            continue;  // q stays 0
         }
-        __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
         const float scale = amax / 32767.f;
         for (int i = 0; i < 4; ++i) db[i] = scale;
         const __m256 id = _mm256_set1_ps(amax >= kQ8TinyAmax ? 32767.f / amax : 0.f);
@@ -834,8 +843,6 @@ void quantize_q8(const float* x, int64_t K, int8_t* q, float* d) {
     const int64_t nb = K / kBlockElems;
     std::memset(q, 0, size_t(q8x_bytes(K)));
     std::memset(d, 0, size_t(q8x_scales(K)) * sizeof(float));
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 fmax = _mm256_set1_ps(3.4028234663852886e38f);
     const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     const __m256i ones8 = _mm256_set1_epi8(1);
@@ -845,23 +852,12 @@ void quantize_q8(const float* x, int64_t K, int8_t* q, float* d) {
         const float* xb = x + b * kBlockElems;
         int8_t* lo = q + (b / 2) * kQ8xPairBytes + (b % 2) * 16;
         float* db = d + (b / 2) * 8 + (b % 2) * 4;
-        __m256 v[4], a[4];
-        for (int i = 0; i < 4; ++i) {
-            v[i] = _mm256_loadu_ps(xb + 8 * i);
-            a[i] = _mm256_and_ps(v[i], absmask);
-        }
-        // Finite iff |x| <= FLT_MAX in every lane (false for NaN and inf).
-        const __m256 ok = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(a[0], fmax, _CMP_LE_OQ), _mm256_cmp_ps(a[1], fmax, _CMP_LE_OQ)),
-                                        _mm256_and_ps(_mm256_cmp_ps(a[2], fmax, _CMP_LE_OQ), _mm256_cmp_ps(a[3], fmax, _CMP_LE_OQ)));
-        if (_mm256_movemask_ps(ok) != 0xff) {
+        __m256 v[4];
+        float amax;
+        if (!load_block_absmax(xb, v, &amax)) {
             for (int i = 0; i < 4; ++i) db[i] = __builtin_nanf("");
             continue;  // q stays 0
         }
-        __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
         const float scale = amax / 127.f;
         for (int i = 0; i < 4; ++i) db[i] = scale;
         const __m256 id = _mm256_set1_ps(amax >= kQ8TinyAmax ? 127.f / amax : 0.f);
