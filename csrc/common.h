@@ -1,5 +1,5 @@
 // Shared definitions for the hybridmoe CPU kernels: block formats and the per-ISA kernel table.
-// Block layouts: ../../shared/reference/gguf-mxfp4.md §4-§5 (facts only; code written here).
+// Block layouts: docs/formats.md.
 #pragma once
 #include <cstddef>
 #include <cstdint>

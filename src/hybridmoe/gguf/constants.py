@@ -1,6 +1,6 @@
 """GGUF format constants: ggml tensor types, block sizes, metadata value types, key names.
 
-Facts from the GGUF v3 spec and ggml.h (see ../shared/reference/gguf-mxfp4.md §1, §3).
+Facts from the GGUF v3 spec and ggml.h (docs/formats.md).
 """
 
 from __future__ import annotations

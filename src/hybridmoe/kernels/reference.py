@@ -1,7 +1,7 @@
 """Plain-torch twins of the C++ kernels: the spec they are tested against, and the fallback when
 the compiled library is missing. Slow on purpose: dequantize, then float32 matmul.
 
-Block layouts (../shared/reference/gguf-mxfp4.md §4-§5): MXFP4 = e8m0 byte + 16 bytes of nibbles
+Block layouts (docs/formats.md): MXFP4 = e8m0 byte + 16 bytes of nibbles
 (element j = low nibble of byte j, element j+16 = high nibble), value = LUT2[code] * 2^(e-128);
 Q8_0 = fp16 scale + 32 int8.
 """

@@ -3,7 +3,7 @@
 Per layer: RMSNorm -> GQA attention with q/k/v/o biases, NeoX YaRN RoPE and one learned sink
 logit per head (sliding window of 128 on even layers, full causal on odd ones) -> residual ->
 RMSNorm -> router top-k then softmax over the k -> clamped SwiGLU experts with biases ->
-residual. Final RMSNorm and an untied output head. See ../shared/reference/gpt-oss.md.
+residual. Final RMSNorm and an untied output head. See docs/gpt-oss.md.
 
 Expert tensors stay in the GGUF mmap and run through `hybridmoe.kernels` when placed on the
 CPU; every other tensor is loaded onto its placed device (CPU float32 by default).

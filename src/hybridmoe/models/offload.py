@@ -45,7 +45,7 @@ class StreamCost:
     stream_s = max(hit_bytes / pcie_gbps, hit_bytes / host_copy_gbps)  (DMA and mmap->pinned copy
                + flops / gpu_tflops + overhead_s                         run pipelined, chunk-wise)
     with flops = 6 * H * I * (routed token-expert pairs). Defaults: cpu_gbps / cpu_gflops are the
-    2-thread MXFP4 kernels measured on the dev box (shared/reference/measured-here.md: 16 GB/s
+    2-thread MXFP4 kernels on a 2-vCPU Zen 3 (bench/kernels.py: ~16 GB/s
     cold GEMV, ~100 GFLOP/s batched); pcie_gbps is PCIe 4.0 x16 in practice (~25 GB/s);
     host_copy_gbps a single-threaded page-cache -> pinned copy; gpu_tflops a modest bf16 figure
     for skinny per-expert matmuls; overhead_s covers syncs and launches. Measure your machine

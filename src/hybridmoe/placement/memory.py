@@ -2,7 +2,7 @@
 for what a machine has (free VRAM, available RAM).
 
 KV per layer and token = n_kv_heads * head_dim * 2 (K and V) * bytes per value
-(../shared/reference/gpt-oss.md §7: 2048 B at f16 for gpt-oss). Full-attention layers keep the
+(docs/gpt-oss.md: 2048 B at f16 for gpt-oss). Full-attention layers keep the
 whole context; sliding-window layers keep `window + ubatch` positions (the window the newest
 query needs plus one micro-batch being appended), never more than the context.
 """

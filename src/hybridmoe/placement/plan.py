@@ -1,7 +1,7 @@
 """The placement plan: every tensor -> `cpu` (used in place from the mmap) or `cuda:N`, decided
 once from the GGUF header and the options, before anything is loaded, with per-device bytes.
 
-Rules, in llama.cpp's order and meaning (../shared/reference/llama-cpp-moe-offload.md §1):
+Rules, in llama.cpp's order and meaning (docs/placement.md):
   1. the token embedding stays on the CPU (a row gather per token; llama.cpp does the same);
   2. `-ot REGEX=DEVICE` rules, first match wins;
   3. `--cpu-moe` (experts of every layer -> cpu), then `--n-cpu-moe N` (experts of layers 0..N-1);

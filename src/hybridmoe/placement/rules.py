@@ -1,6 +1,6 @@
 """Placement rules: device names, tensor kinds, and the regex overrides behind -ot / --cpu-moe.
 
-The rules mirror llama.cpp's meaning (../shared/reference/llama-cpp-moe-offload.md §1):
+The rules mirror llama.cpp's meaning (docs/placement.md):
 `-ot REGEX=DEVICE` is a regex *search* on the tensor name, the first matching rule wins, and the
 `--cpu-moe` / `--n-cpu-moe` shortcuts are just more overrides appended after the user's `-ot`s.
 """

@@ -1,7 +1,7 @@
 """numpy reference (de)quantizers for the ggml types we run: F32, F16, BF16, Q8_0, MXFP4.
 
 These are the spec the fast kernels are tested against. Layouts (ggml-common.h facts, see
-../shared/reference/gguf-mxfp4.md §4-5):
+docs/formats.md):
   Q8_0  34 B / 32: f16 d, int8 qs[32];            w[j] = d * qs[j]
   MXFP4 17 B / 32: u8 e (E8M0), u8 qs[16];         w[j] = LUT2[qs[j] & 15] * 2^(e-128),
                                                    w[j+16] = LUT2[qs[j] >> 4] * 2^(e-128)
