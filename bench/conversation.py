@@ -20,18 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
-import re
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from serve_load import free_port
+import machine
+from serve_load import free_port, wait_healthy
 
 
 @dataclass
@@ -45,19 +43,6 @@ class Turn:
     prompt_ms: float
     ttft_ms: float
     reply_tokens: int
-
-
-def cpu_line() -> str:
-    model, flags = platform.processor() or "?", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-        m = re.search(r"model name\s*:\s*(.*)", text)
-        model = m.group(1).strip() if m else model
-        flags = set(re.findall(r"\b(avx512[a-z_0-9]*|avx_vnni|avx2|fma)\b", text))
-    except OSError:
-        pass
-    return f"{model}; {os.cpu_count()} CPUs; ISA: {' '.join(sorted(flags)) or 'unknown'}"
 
 
 def post(url: str, body: dict, timeout: float = 3600.0) -> dict:
@@ -120,19 +105,7 @@ def run_setting(engine: str, url: str, setting: str, a: argparse.Namespace) -> l
 
 def start(cmd: list[str], url: str, log: str) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{cmd[0]} exited with {proc.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise SystemExit(f"{cmd[0]} did not become healthy; see {log}")
+    return wait_healthy(proc, url, 900, f"{cmd[0]} (log {log})")
 
 
 def server_cmd(engine: str, a: argparse.Namespace, model: str, np_: int, port: int) -> list[str]:
@@ -179,7 +152,7 @@ def main() -> int:
     ap.add_argument("--user-tokens", type=int, default=100)
     ap.add_argument("--json", action="store_true", help="also print every turn as a JSON line")
     a = ap.parse_args()
-    print(f"cpu: {cpu_line()}")
+    print(machine.describe())
     turns: list[Turn] = []
     if a.url:
         turns = run_setting("server", a.url, "url", a)

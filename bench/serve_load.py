@@ -97,19 +97,24 @@ def start_server(model: str | None, parallel: int, threads: int | None) -> tuple
         cmd += ["-t", str(threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
+    return wait_healthy(proc, url, 180, "server"), url
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, what: str) -> subprocess.Popen:
+    """Poll /health until 200; the process is stopped and the run ends if it dies or times out."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
+            raise SystemExit(f"{what} exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
                 if r.status == 200:
-                    return proc, url
+                    return proc
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.3)
     proc.terminate()
-    raise SystemExit("server did not become healthy within 180 s")
+    raise SystemExit(f"{what} did not become healthy within {timeout_s:.0f} s")
 
 
 def main() -> int:
