@@ -292,7 +292,7 @@ def test_dense_weights_converted_on_gpu(index):
     assert p.devices["cpu"].weights_by_kind["embedding"] == V * H * 34 // 32
     f32 = plan_for(index, "120b", cpu_moe=True, gpu_dense_dtype="f32")
     assert f32.devices["cuda:0"].weights_by_kind["attention"] == 2 * w["attention"]
-    with pytest.raises(PlacementError, match="gpu_dense_dtype"):
+    with pytest.raises(PlacementError, match="gpu-dense-dtype"):
         plan_for(index, "120b", gpu_dense_dtype="q4")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,10 +41,10 @@ from hybridmoe.placement.rules import (
     tensor_kind,
     tensor_layer,
 )
+from hybridmoe.settings import ContextSettings, ParallelSettings, PlacementSettings, SettingsError
 
 
 DENSE_DTYPE_BYTES = {"stored": None, "bf16": 2, "f16": 2, "f32": 4}
-DENSE_DTYPE_CHOICES = ("auto", *DENSE_DTYPE_BYTES)
 
 
 class TensorLike(Protocol):
@@ -55,69 +56,57 @@ class TensorLike(Protocol):
     nbytes: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlacementOptions:
-    """User-facing placement knobs (CLI flags in parentheses).
+    """The plan's input: the user's placement choices (settings.PlacementSettings, whose docstring
+    gives each field's flag and meaning) and the sizes the plan accounts memory for.
 
-    n_gpu_layers (-ngl): None = all layers and the output head on the GPU.
-    override_tensor (-ot): "REGEX=DEVICE[,REGEX=DEVICE]" strings; they win over the shortcuts.
-    ctx_size (-c): total context in tokens, split evenly across the n_parallel slots (as in
+    ctx_size (-c): total context in tokens, split evenly across the n_parallel sequences (as in
         llama-server and `hybridmoe serve`); 0 = the model's training context.
-    n_parallel (--parallel): slots (concurrent sequences).
+    n_parallel (-np): sequences (slots) served at once.
     batch_size: tokens per forward step (llama.cpp's micro-batch, -ub); sizes compute buffers
         and the sliding-window KV.
     kv_dtype_bytes: bytes per cached K/V value (2 = f16/bf16).
-    vram_budget (--vram-budget): GiB the plan may use on the GPU device; None = unknown, or with
-        `fit`, the device's free memory minus VRAM_MARGIN_BYTES.
-    fit (--fit): choose the number of expert layers on the GPU (replaces cpu_moe/n_cpu_moe).
-    upload_slots: GPU buffers, each one CPU-resident layer's experts, for computing prompt
-        batches on the GPU (0 = prompt batches run their CPU experts on the CPU). One buffer is
-        llama.cpp's footprint (experts stream in and are computed as they land); two let the
-        next layer's upload overlap this layer's compute, for one more layer of VRAM.
-    gpu_dense_dtype: how quantized non-expert weights (Q8_0 attention, output head) sit on a GPU:
-        "stored" (kept quantized, dequantized inside the matmul) or converted once at load to
-        "bf16", "f16" or "f32". F32 tensors and experts are counted as stored either way.
     """
 
     n_gpu_layers: int | None = None
     cpu_moe: bool = False
     n_cpu_moe: int = 0
-    override_tensor: list[str] = field(default_factory=list)
+    override_tensor: Sequence[str] = ()
     gpu_device: str = "cuda:0"
+    fit: bool = False
+    vram_budget: float | None = None
+    upload_slots: int = 1
+    gpu_dense_dtype: str = "auto"
     ctx_size: int = 4096
     n_parallel: int = 1
     batch_size: int = 512
     kv_dtype_bytes: float = 2
-    vram_budget: float | None = None
-    fit: bool = False
-    upload_slots: int = 1
-    gpu_dense_dtype: str = "auto"
+
+    @classmethod
+    def from_settings(cls, placement: PlacementSettings, ctx_size: int, n_parallel: int, batch_size: int,
+                      kv_dtype_bytes: float = 2) -> PlacementOptions:
+        return cls(**dataclasses.asdict(placement),
+                   ctx_size=ctx_size, n_parallel=n_parallel, batch_size=batch_size, kv_dtype_bytes=kv_dtype_bytes)
+
+    def settings(self) -> PlacementSettings:
+        """The user's part, validated by PlacementSettings (SettingsError naming the flag)."""
+        mine = {f.name for f in dataclasses.fields(PlacementSettings)}
+        return PlacementSettings(**{k: v for k, v in dataclasses.asdict(self).items() if k in mine})
 
     def validate(self) -> None:
-        checks = [
-            (self.n_gpu_layers is None or self.n_gpu_layers >= 0, "-ngl must be >= 0",
-             self.n_gpu_layers),
-            (self.n_cpu_moe >= 0, "--n-cpu-moe must be >= 0", self.n_cpu_moe),
-            (self.ctx_size >= 0, "-c/--ctx-size must be >= 0 (0 = model's context)", self.ctx_size),
-            (self.n_parallel >= 1, "--parallel must be >= 1", self.n_parallel),
-            (self.batch_size >= 1, "batch size must be >= 1", self.batch_size),
-            (self.kv_dtype_bytes > 0, "kv_dtype_bytes must be > 0", self.kv_dtype_bytes),
-            (self.vram_budget is None or self.vram_budget > 0, "--vram-budget must be > 0 GiB",
-             self.vram_budget),
-            (self.upload_slots >= 0, "upload_slots must be >= 0", self.upload_slots),
-        ]
-        for ok, msg, value in checks:
-            if not ok:
-                raise PlacementError(f"{msg}, got {value}")
+        try:
+            self.settings()
+            ContextSettings(ctx_size=self.ctx_size, batch_size=self.batch_size, ubatch_size=self.batch_size)
+            ParallelSettings(n_parallel=self.n_parallel)
+        except SettingsError as e:
+            raise PlacementError(str(e)) from None
+        if self.kv_dtype_bytes <= 0:
+            raise PlacementError(f"kv_dtype_bytes must be > 0, got {self.kv_dtype_bytes}")
         try:
             normalize_device(self.gpu_device)
         except PlacementError as e:
             raise PlacementError(f"--gpu-device: {e}") from None
-        if self.gpu_dense_dtype not in DENSE_DTYPE_CHOICES:
-            raise PlacementError(f"gpu_dense_dtype must be one of {', '.join(DENSE_DTYPE_CHOICES)}, "
-                                 f"got {self.gpu_dense_dtype!r}")
-        if isinstance(self.override_tensor, str):
-            raise PlacementError("override_tensor must be a list of 'REGEX=DEVICE' strings, not a str")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,28 @@
+"""Typed runtime settings, one frozen dataclass per group, each with its command-line flags.
+
+`add_<group>_args(parser)` declares a group's flags and `<Group>.from_args(args)` reads them back,
+so `generate`, `serve` and `plan` share one flag table: the same names, defaults, help and
+validation. Library users build the dataclasses directly; a bad value raises SettingsError naming
+the flag. Imports neither torch nor the rest of hybridmoe.
+"""
+
+from hybridmoe.settings.compute import ComputeSettings, add_compute_args
+from hybridmoe.settings.context import (
+    ContextSettings,
+    ParallelSettings,
+    PromptCacheSettings,
+    add_context_args,
+    add_parallel_args,
+    add_prompt_cache_args,
+)
+from hybridmoe.settings.placement import GPU_DENSE_DTYPES, PlacementSettings, add_placement_args, gpu_layers
+from hybridmoe.settings.sampling import SAMPLING_DEFAULTS, SamplingDefaults, add_sampling_args
+from hybridmoe.settings.server import ServerLimits, add_server_limit_args
+from hybridmoe.settings.values import SettingsError, byte_size, on_off
+
+__all__ = [
+    "GPU_DENSE_DTYPES", "SAMPLING_DEFAULTS", "ComputeSettings", "ContextSettings", "ParallelSettings",
+    "PlacementSettings", "PromptCacheSettings", "SamplingDefaults", "ServerLimits", "SettingsError",
+    "add_compute_args", "add_context_args", "add_parallel_args", "add_placement_args", "add_prompt_cache_args",
+    "add_sampling_args", "add_server_limit_args", "byte_size", "gpu_layers", "on_off",
+]

@@ -1,0 +1,58 @@
+"""Sampling defaults: the one place that states them, for the CLI, `SamplingParams`, `LLM.generate`
+and the server's requests that leave a field out (llama-server's values)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from hybridmoe.settings.values import require
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """temperature 0 = greedy; top_k 0, top_p 1 and min_p 0 switch that filter off.
+    seed < 0: a random seed per request. n_predict -1: up to the end of the context."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = -1
+    n_predict: int = -1
+
+    def __post_init__(self) -> None:
+        require(self.temperature >= 0, "--temp", "be >= 0", self.temperature)
+        require(self.top_k >= 0, "--top-k", "be >= 0", self.top_k)
+        require(0 < self.top_p <= 1, "--top-p", "be in (0, 1]", self.top_p)
+        require(0 <= self.min_p <= 1, "--min-p", "be in [0, 1]", self.min_p)
+        require(-(2**63) <= self.seed < 2**64, "-s/--seed", "be a 64-bit integer (negative: random)", self.seed)
+        require(self.n_predict >= -1 and self.n_predict != 0, "-n/--n-predict", "be > 0 or -1 (no limit)",
+                self.n_predict)
+
+    @property
+    def request_seed(self) -> int | None:
+        """The seed a request without one gets (None: a random one each time)."""
+        return None if self.seed < 0 else self.seed
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SamplingDefaults:
+        return cls(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                   seed=args.seed, n_predict=args.n_predict)
+
+
+SAMPLING_DEFAULTS = SamplingDefaults()
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    d = SAMPLING_DEFAULTS
+    g = parser.add_argument_group("sampling (defaults of requests that give none)")
+    return [
+        g.add_argument("--temp", type=float, default=d.temperature, help=f"temperature, 0 = greedy (default {d.temperature})"),
+        g.add_argument("--top-k", type=int, default=d.top_k, help=f"top-k, 0 = off (default {d.top_k})"),
+        g.add_argument("--top-p", type=float, default=d.top_p, help=f"top-p, 1 = off (default {d.top_p})"),
+        g.add_argument("--min-p", type=float, default=d.min_p, help=f"min-p, 0 = off (default {d.min_p})"),
+        g.add_argument("-s", "--seed", type=int, default=d.seed, help="RNG seed (-1: random)"),
+        g.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=d.n_predict,
+                       help="tokens to generate (-1: up to the end of the context or an end token)"),
+    ]
