@@ -10,6 +10,7 @@ with `hybridmoe synth --preset 20b --out FILE`.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -21,12 +22,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=512, help="tokens already cached before timing")
     args = ap.parse_args()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as the CLI does
 
-    from hybridmoe import LLM, kernels
+    from hybridmoe import LLM, ComputeSettings, ContextSettings, kernels
     from hybridmoe.models import weights
     from hybridmoe.models.gpt_oss import SeqChunk
 
-    llm = LLM(args.model, threads=args.threads, ctx_size=args.ctx + args.steps + 8)
+    llm = LLM(args.model, compute=ComputeSettings(threads=args.threads),
+              context=ContextSettings(ctx_size=args.ctx + args.steps + 8))
     spent = [0.0]
 
     def timed(fn):

@@ -95,7 +95,7 @@ def compare_logits(ref: np.ndarray, got: np.ndarray) -> dict:
 
 def measure(path: str, label: str, options: dict, ctx: int, threads: int, device: str,
             prompt: list[int], ref_logits: np.ndarray) -> Row:
-    from hybridmoe import LLM
+    from hybridmoe import LLM, ComputeSettings, ContextSettings, PlacementSettings
 
     row = Row(label, planned_gpu_gib(path, options, ctx, device),
               planned_gpu_gib(path, options, ctx, device, "f32"))
@@ -104,7 +104,8 @@ def measure(path: str, label: str, options: dict, ctx: int, threads: int, device
         free_everything()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    llm = LLM(path, threads=threads, ctx_size=ctx, batch_size=PP, gpu_device=device, **options)
+    llm = LLM(path, compute=ComputeSettings(threads=threads), context=ContextSettings(ctx, PP, PP),
+              placement=PlacementSettings(gpu_device=device, **options))
     row.load_s = time.perf_counter() - t0
     try:
         row.extra["logits"] = compare_logits(ref_logits, llm.logits(prompt[:LOGIT_TOKENS]))
@@ -142,9 +143,9 @@ def time_prefill(llm, ids: list[int], cuda: bool, runs: int = 2) -> float:
 
 
 def cpu_reference(path: str, threads: int, prompt: list[int], ctx: int) -> np.ndarray:
-    from hybridmoe import LLM
+    from hybridmoe import LLM, ComputeSettings, ContextSettings
 
-    llm = LLM(path, threads=threads, ctx_size=ctx, batch_size=PP)  # no placement: all CPU
+    llm = LLM(path, compute=ComputeSettings(threads=threads), context=ContextSettings(ctx, PP, PP))  # all CPU
     try:
         return llm.logits(prompt[:LOGIT_TOKENS])
     finally:

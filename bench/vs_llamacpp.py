@@ -49,11 +49,12 @@ def _peak_rss_gib() -> float:
 
 
 def child_hybridmoe(model: str, threads: int, ctx: int, fast_math: bool = False) -> dict:
-    from hybridmoe import LLM
+    from hybridmoe import LLM, ComputeSettings, ContextSettings
     from hybridmoe.models.gpt_oss import SeqChunk
 
     t0 = time.perf_counter()
-    llm = LLM(model, threads=threads, ctx_size=ctx, batch_size=512, fast_math=fast_math)
+    llm = LLM(model, compute=ComputeSettings(threads=threads, fast_math=fast_math),
+              context=ContextSettings(ctx_size=ctx, ubatch_size=512))
     res = {"load_s": time.perf_counter() - t0}
     vocab = llm.config.vocab_size
     t = time.perf_counter()

@@ -8,6 +8,7 @@ import pytest
 
 # One thread everywhere: spinning OpenMP pools collapse on a shared 2-core machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (hybridmoe.cli)
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +21,6 @@ def tiny_gguf(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_llm(tiny_gguf):
-    from hybridmoe import LLM
+    from hybridmoe import LLM, ComputeSettings
 
-    return LLM(tiny_gguf, threads=1)
+    return LLM(tiny_gguf, compute=ComputeSettings(threads=1))

@@ -16,6 +16,7 @@ import torch
 
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.quant.formats import dequantize
+from hybridmoe.settings import ComputeSettings
 from hybridmoe.tokenizer.chat_template import render_chat
 from hybridmoe.tokenizer.tokenizer import Tokenizer
 
@@ -111,7 +112,7 @@ def heldout_ids(meta):
 
 @pytest.fixture(scope="module")
 def llm():
-    return _llm_class()(DEMO, threads=2)
+    return _llm_class()(DEMO, compute=ComputeSettings(threads=2))
 
 
 # ---------------------------------------------------------------- tests

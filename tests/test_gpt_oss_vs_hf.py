@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridmoe import LLM, kernels
+from hybridmoe import LLM, ComputeSettings, kernels
 from hybridmoe.gguf.constants import GGMLType
 from tests.hf_reference import build_pair
 
@@ -31,7 +31,7 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
 def pair(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("hf") / f"{request.param}.gguf"
     hf = build_pair(path, **CONFIGS[request.param])
-    return hf, LLM(path, threads=1)
+    return hf, LLM(path, compute=ComputeSettings(threads=1))
 
 
 def test_logits_match_transformers(pair):

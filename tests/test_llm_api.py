@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from hybridmoe import LLM
+from hybridmoe import LLM, ComputeSettings, ContextSettings
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.gguf.writer import write_split
 from hybridmoe.synth import PRESETS, synth_metadata, synth_tensors
@@ -67,13 +67,13 @@ def test_split_model_opens_from_first_part(tmp_path, tiny_llm):
     paths = write_split(base, synth_metadata(p, 0), synth_tensors(p, 0, sparse=False), max_shard_bytes=200_000)
     assert len(paths) >= 3
     first = next(x for x in paths if "00001-of" in str(x))
-    split_llm = LLM(first, threads=1)
+    split_llm = LLM(first, compute=ComputeSettings(threads=1))
     ids = tiny_llm.tokenize("split files load the same weights")
     np.testing.assert_array_equal(split_llm.logits(ids), tiny_llm.logits(ids))
 
 
 def test_prompt_longer_than_context_is_rejected(tiny_gguf):
-    llm = LLM(tiny_gguf, threads=1, ctx_size=8)
+    llm = LLM(tiny_gguf, compute=ComputeSettings(threads=1), context=ContextSettings(ctx_size=8))
     with pytest.raises(ValueError, match="context"):
         llm.generate(list(range(8)), max_tokens=4)
 
@@ -137,7 +137,7 @@ def test_fast_math_is_opt_in_and_close(tiny_gguf, tiny_llm):
     ids = list(range(300, 340))
     assert not kernels.fast_math()
     exact = decode_rows(tiny_llm, ids)
-    fast_llm = LLM(tiny_gguf, threads=1, fast_math=True)
+    fast_llm = LLM(tiny_gguf, compute=ComputeSettings(threads=1, fast_math=True))
     try:
         assert kernels.fast_math()
         fast = decode_rows(fast_llm, ids)

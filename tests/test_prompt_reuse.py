@@ -143,10 +143,10 @@ def test_slot_file_refusals(tiny_llm, conv, tmp_path, tiny_gguf):
         make_engine(tiny_llm).restore_slot(0, str(tmp_path / "junk.slot"))
     with pytest.raises(SlotFileError, match="context size"):
         make_engine(tiny_llm, ctx=256).restore_slot(0, str(path))
-    from hybridmoe import LLM
+    from hybridmoe import LLM, ComputeSettings
     from hybridmoe.synth import write_synthetic
 
-    other_model = LLM(write_synthetic(tmp_path / "other.gguf", "tiny", seed=1), threads=1)
+    other_model = LLM(write_synthetic(tmp_path / "other.gguf", "tiny", seed=1), compute=ComputeSettings(threads=1))
     with pytest.raises(SlotFileError, match="model weights"):
         make_engine(other_model).restore_slot(0, str(path))
     # A refused file leaves the slot usable.

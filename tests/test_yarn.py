@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridmoe import LLM
+from hybridmoe import LLM, ComputeSettings
 from hybridmoe.models.layers import yarn_inv_freq
 from tests.hf_reference import build_pair
 
@@ -43,7 +43,7 @@ def test_clamped_range_logits_match_transformers(tmp_path) -> None:
     first differed from transformers without the clamp."""
     path = tmp_path / "yarn-clamp.gguf"
     hf = build_pair(path, seed=5, layers=2, window=16, original_ctx=64, rope_theta=150000.0)
-    llm = LLM(path, threads=1)
+    llm = LLM(path, compute=ComputeSettings(threads=1))
     ids = torch.randint(0, llm.config.vocab_size, (96,), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0].float().numpy()

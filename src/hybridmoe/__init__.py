@@ -1,18 +1,17 @@
-"""hybridmoe: MoE inference with experts on the CPU and everything else on the GPU."""
+"""hybridmoe: MoE inference with experts on the CPU and everything else on the GPU.
+
+Set OMP_WAIT_POLICY=PASSIVE before importing torch when using the library (the CLI does): the
+expert kernels' own threads share the cores with torch's OpenMP pool, whose spinning waits would
+steal them.
+"""
 
 from __future__ import annotations
 
-import os as _os
-import sys as _sys
-
-# Our kernels run their own thread pool beside torch's OpenMP pool; spinning OpenMP waits
-# collapse when the two (or other processes) share cores. Must be set before torch loads.
-if "torch" not in _sys.modules:
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from hybridmoe.settings import ComputeSettings, ContextSettings, PlacementSettings, SamplingDefaults
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "__version__"]
+__all__ = ["LLM", "ComputeSettings", "ContextSettings", "PlacementSettings", "SamplingDefaults", "__version__"]
 
 
 def __getattr__(name: str):

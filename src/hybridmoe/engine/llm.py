@@ -17,6 +17,13 @@ from hybridmoe.engine.request import GenerationRequest
 from hybridmoe.engine.sampling import SamplingParams
 from hybridmoe.gguf.reader import GGUFError, open_model
 from hybridmoe.models.gpt_oss import GptOss, SeqChunk
+from hybridmoe.settings import (
+    SAMPLING_DEFAULTS,
+    ComputeSettings,
+    ContextSettings,
+    ParallelSettings,
+    PlacementSettings,
+)
 from hybridmoe.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger("hybridmoe")
@@ -51,19 +58,16 @@ class GenerationResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-_GPU_INTENT_KEYS = ("n_gpu_layers", "cpu_moe", "n_cpu_moe", "override_tensor", "fit", "vram_budget")
-
-
-def _placement(model_file: Any, options: dict[str, Any], ctx_size: int, batch_size: int) -> Any:
-    """Build the placement plan from llama.cpp-style options, before any weight is loaded.
+def _placement(model_file: Any, placement: PlacementSettings, ctx_size: int, n_parallel: int,
+               batch_size: int) -> Any:
+    """Build the placement plan from llama.cpp-style settings, before any weight is loaded.
 
     Returns None (everything on the CPU) when there is no CUDA device. With CUDA, the default
     is llama.cpp's: every layer on the GPU; `cpu_moe`/`n_cpu_moe`/`override_tensor` keep
     experts in RAM. A plan that cannot fit in VRAM or RAM is refused with the numbers.
     """
-    opts = {k: v for k, v in options.items() if v is not None}
     if not torch.cuda.is_available():
-        if any(opts.get(k) not in (None, False, 0, [], ()) for k in _GPU_INTENT_KEYS if k != "cpu_moe"):
+        if placement.asks_for_gpu():
             log.warning("no CUDA device: every tensor runs on the CPU (placement options ignored)")
         _warn_if_weights_exceed_ram(model_file)
         return None
@@ -73,11 +77,11 @@ def _placement(model_file: Any, options: dict[str, Any], ctx_size: int, batch_si
     from hybridmoe.placement.report import format_plan
 
     cfg = GptOssConfig.from_metadata(model_file.metadata, model_file.path)
-    opts.setdefault("batch_size", batch_size)
-    popts = PlacementOptions(ctx_size=ctx_size, **opts)
-    plan = make_plan(cfg, model_file.tensors, popts)
+    options = PlacementOptions.from_settings(placement, ctx_size=ctx_size, n_parallel=n_parallel,
+                                             batch_size=batch_size)
+    plan = make_plan(cfg, model_file.tensors, options)
     log.info("placement plan:\n%s", format_plan(plan))
-    check_fits(plan, resolve_vram_budget(popts), available_ram_bytes())
+    check_fits(plan, resolve_vram_budget(options), available_ram_bytes())
     return plan
 
 
@@ -113,25 +117,23 @@ class LLM:
     def __init__(
         self,
         path: str | os.PathLike | None = None,
-        threads: int | None = None,
-        ctx_size: int = 0,
-        batch_size: int = 512,
+        *,
+        compute: ComputeSettings = ComputeSettings(),
+        placement: PlacementSettings = PlacementSettings(),
+        context: ContextSettings = ContextSettings(),
+        n_parallel: int = 1,
         progress: bool = False,
         prefault: bool = True,
         mlock: bool = False,
-        fast_math: bool = False,
-        **placement_options: Any,
     ):
-        if threads is not None and threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+        """`n_parallel`: sequences the KV cache is planned for (the server's -np; one here)."""
+        ParallelSettings(n_parallel)  # the same check as -np
         from hybridmoe import kernels
 
-        if threads is not None:
-            kernels.set_num_threads(threads)
-        # Opt-in: int8 activations on the decode GEMV path (~5e-3 relative error per matmul, MoE
-        # 1.5-1.7x faster on AVX2); the default keeps fp32 activations and matches the reference to ~1e-6.
-        kernels.set_fast_math(fast_math)
-        n_threads = threads or kernels.num_threads()  # default: one per physical core
+        if compute.threads is not None:
+            kernels.set_num_threads(compute.threads)
+        kernels.set_fast_math(compute.fast_math)
+        n_threads = compute.threads or kernels.num_threads()  # default: one per physical core
         self.path = resolve_model_path(path)
         t0 = time.perf_counter()
         self.file = open_model(self.path)
@@ -139,16 +141,15 @@ class LLM:
             self.tokenizer = Tokenizer.from_metadata(self.file.metadata)
         except (ValueError, TypeError) as e:  # a damaged tokenizer array: name the file
             raise GGUFError(f"{self.path}: {e}") from None
-        if ctx_size < 0:
-            raise ValueError(f"ctx_size must be >= 0, got {ctx_size}")
-        plan = _placement(self.file, placement_options, ctx_size, max(1, batch_size))
+        ctx_size = context.ctx_size
+        plan = _placement(self.file, placement, ctx_size, n_parallel, context.step_tokens)
         if plan is None:  # CPU: the KV cache is float32 in RAM; the plan checks it on devices
-            ctx_size = _cpu_context(self.file, ctx_size, placement_options.get("n_parallel") or 1)
+            ctx_size = _cpu_context(self.file, ctx_size, n_parallel)
         self.model = GptOss(self.file, plan, progress=progress)
         self.model.torch_threads = n_threads
         self.config = self.model.config
         self.ctx_size = ctx_size or self.config.context_length
-        self.batch_size = max(1, batch_size)
+        self.batch_size = context.step_tokens
         from hybridmoe.gguf import residency
 
         if mlock:
@@ -199,22 +200,24 @@ class LLM:
     def generate(
         self,
         prompt_or_ids: str | list[int],
-        max_tokens: int = 128,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        seed: int | None = None,
+        max_tokens: int = SAMPLING_DEFAULTS.n_predict,
+        temperature: float = SAMPLING_DEFAULTS.temperature,
+        top_k: int = SAMPLING_DEFAULTS.top_k,
+        top_p: float = SAMPLING_DEFAULTS.top_p,
+        min_p: float = SAMPLING_DEFAULTS.min_p,
+        seed: int | None = SAMPLING_DEFAULTS.request_seed,
         ignore_eos: bool = False,
         stop: list[str] | None = None,
     ) -> GenerationResult:
-        """Generate through the same engine steps as the server (one decode loop, one stop rule)."""
+        """Generate through the same engine steps as the server (one decode loop, one stop rule).
+        max_tokens -1: up to the end of the context (or an end token)."""
         ids = self.tokenize(prompt_or_ids) if isinstance(prompt_or_ids, str) else [int(t) for t in prompt_or_ids]
         if not ids:
             raise ValueError("empty prompt")
         if len(ids) + 1 > self.ctx_size:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the context size {self.ctx_size}")
-        budget = min(max_tokens, self.ctx_size - len(ids))
+        room = self.ctx_size - len(ids)
+        budget = room if max_tokens < 0 else min(max_tokens, room)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                 max_tokens=budget, ignore_eos=ignore_eos)
         events = self._engine_for(len(ids) + budget).run(GenerationRequest(ids, params, stop=stop or ()))
