@@ -96,7 +96,7 @@ def test_sampled_text_parses_under_the_grammar(name, temperature):
     finished = 0
     for trial in range(10):
         c = constraint(spec)
-        s = Sampler(SamplingParams(temperature=temperature, seed=trial))
+        s = Sampler(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=trial))
         out = b""
         for _ in range(200):
             t = s.sample(random_logits(gen, end_boost=8.0), c)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from hybridmoe.settings import SAMPLING_DEFAULTS, check_sampling
 
 DEFAULT_ORDER = ("top_k", "top_p", "min_p", "temperature")
 # llama.cpp's other samplers are identities at their neutral settings, the only ones served here.
@@ -22,12 +23,14 @@ KNOWN_SAMPLERS = frozenset(DEFAULT_ORDER) | {"penalties", "dry", "top_n_sigma", 
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
-    max_tokens: int = 256
+    """One request's sampling; fields left out take the defaults (settings.SAMPLING_DEFAULTS)."""
+
+    temperature: float = SAMPLING_DEFAULTS.temperature
+    top_k: int = SAMPLING_DEFAULTS.top_k  # 0 = off
+    top_p: float = SAMPLING_DEFAULTS.top_p
+    min_p: float = SAMPLING_DEFAULTS.min_p
+    seed: int | None = SAMPLING_DEFAULTS.request_seed  # None or < 0: random
+    max_tokens: int = 256  # the engine's budget, resolved from n_predict and the room left
     stop_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int = 0  # top-k logprobs to report per token (0 = none)
@@ -36,18 +39,9 @@ class SamplingParams:
     samplers: tuple[str, ...] | None = None
 
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        check_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
         if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
-        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
-            raise ValueError(f"seed must be a 64-bit integer (negative: random), got {self.seed}")
         if self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         unknown = [n for n in self.samplers or () if n not in KNOWN_SAMPLERS]

@@ -40,17 +40,8 @@ from hybridmoe.server.protocol import (
     bad_request,
 )
 from hybridmoe.server.shutdown import InFlight
+from hybridmoe.settings import SamplingDefaults  # server-wide (`--temp`, `--top-k`, ...), llama-server's values
 from hybridmoe.tokenizer.tokenizer import TokenLimitExceeded
-
-
-@dataclass
-class SamplingDefaults:
-    """Server-wide defaults (`--temp/--top-k/--top-p/--min-p`; llama-server's values)."""
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
 
 
 @dataclass

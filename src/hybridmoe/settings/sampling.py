@@ -4,9 +4,26 @@ and the server's requests that leave a field out (llama-server's values)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hybridmoe.settings.values import require
+
+
+FLAG_NAMES = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+              "seed": "-s/--seed"}
+FIELD_NAMES = {name: name for name in FLAG_NAMES}
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float, seed: int | None,
+                   names: Mapping[str, str] = FIELD_NAMES) -> None:
+    """The valid ranges, for the CLI's defaults (named by flag) and for each request's
+    SamplingParams (named by field); SettingsError otherwise."""
+    require(temperature >= 0, names["temperature"], "be >= 0", temperature)
+    require(top_k >= 0, names["top_k"], "be >= 0", top_k)
+    require(0 < top_p <= 1, names["top_p"], "be in (0, 1]", top_p)
+    require(0 <= min_p <= 1, names["min_p"], "be in [0, 1]", min_p)
+    require(seed is None or -(2**63) <= seed < 2**64, names["seed"], "be a 64-bit integer (negative: random)", seed)
 
 
 @dataclass(frozen=True)
@@ -22,11 +39,7 @@ class SamplingDefaults:
     n_predict: int = -1
 
     def __post_init__(self) -> None:
-        require(self.temperature >= 0, "--temp", "be >= 0", self.temperature)
-        require(self.top_k >= 0, "--top-k", "be >= 0", self.top_k)
-        require(0 < self.top_p <= 1, "--top-p", "be in (0, 1]", self.top_p)
-        require(0 <= self.min_p <= 1, "--min-p", "be in [0, 1]", self.min_p)
-        require(-(2**63) <= self.seed < 2**64, "-s/--seed", "be a 64-bit integer (negative: random)", self.seed)
+        check_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.seed, FLAG_NAMES)
         require(self.n_predict >= -1 and self.n_predict != 0, "-n/--n-predict", "be > 0 or -1 (no limit)",
                 self.n_predict)
 
@@ -48,7 +61,8 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     d = SAMPLING_DEFAULTS
     g = parser.add_argument_group("sampling (defaults of requests that give none)")
     return [
-        g.add_argument("--temp", type=float, default=d.temperature, help=f"temperature, 0 = greedy (default {d.temperature})"),
+        g.add_argument("--temp", type=float, default=d.temperature,
+                       help=f"temperature, 0 = greedy (default {d.temperature})"),
         g.add_argument("--top-k", type=int, default=d.top_k, help=f"top-k, 0 = off (default {d.top_k})"),
         g.add_argument("--top-p", type=float, default=d.top_p, help=f"top-p, 1 = off (default {d.top_p})"),
         g.add_argument("--min-p", type=float, default=d.min_p, help=f"min-p, 0 = off (default {d.min_p})"),
