@@ -9,6 +9,9 @@ import sys
 
 # name -> module under hybridmoe.commands; imported lazily so `inspect` never pays for torch.
 COMMANDS = ["serve", "generate", "inspect", "synth", "plan"]
+# Commands that take llama-server's command lines: its flags that mean nothing here are set aside
+# and warned about instead of failing the command (commands/llama_flags.py).
+LLAMA_COMPATIBLE = {"serve"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +34,12 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_parser(name, help="(not available in this build)")
             continue
         mod.add_parser(sub)
-    args = parser.parse_args(argv)
+    if wanted in LLAMA_COMPATIBLE:
+        from hybridmoe.commands.llama_flags import parse_llama_command_line
+
+        args = parse_llama_command_line(parser, argv)
+    else:
+        args = parser.parse_args(argv)
     mod = importlib.import_module(f"hybridmoe.commands.{args.command}")
     try:
         return int(mod.run(args) or 0)

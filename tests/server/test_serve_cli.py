@@ -8,6 +8,8 @@ import logging
 import pytest
 
 from hybridmoe.commands import serve
+from hybridmoe.commands.llama_flags import parse_llama_command_line
+from hybridmoe.settings import PlacementSettings
 
 LLAMA_LINE = ("-m model.gguf --n-cpu-moe 36 --n-gpu-layers 999 -c 0 -fa --jinja --reasoning-format none "
               "--host 0.0.0.0 --port 8502 --api-key dummy").split()
@@ -17,7 +19,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     serve.add_parser(sub)
-    return parser.parse_args(["serve", *argv])
+    return parse_llama_command_line(parser, ["serve", *argv])
+
+
+def placement(argv: list[str]) -> PlacementSettings:
+    return serve.ServeSettings.from_args(parse(argv)).placement
 
 
 def test_llama_server_command_line():
@@ -25,7 +31,9 @@ def test_llama_server_command_line():
     assert (args.model, args.host, args.port, args.ctx_size) == ("model.gguf", "0.0.0.0", 8502, 0)
     assert args.flash_attn == "on" and args.jinja and args.reasoning_format == "none"
     assert serve._api_keys(args) == ["dummy"]
-    assert serve._placement(args) == {"n_parallel": 4, "n_gpu_layers": 999, "n_cpu_moe": 36}
+    settings = serve.ServeSettings.from_args(args)
+    assert settings.placement == PlacementSettings(n_gpu_layers=999, n_cpu_moe=36)
+    assert settings.parallel.n_parallel == 4
     assert args.unknown_flags == []
 
 
@@ -34,7 +42,7 @@ def test_defaults_match_llama_server():
     assert (args.host, args.port) == ("127.0.0.1", 8080)
     assert (args.temp, args.top_k, args.top_p, args.min_p) == (0.8, 40, 0.95, 0.05)
     assert args.reasoning_format == "auto" and args.flash_attn == "auto" and not args.metrics
-    assert serve._placement(args) == {"n_parallel": 4}
+    assert placement([]) == PlacementSettings()
 
 
 def test_unknown_llama_flags_are_kept_not_fatal():
@@ -55,11 +63,9 @@ def test_repeatable_flags_and_placement():
                   "-ot", "exps=CPU", "--cpu-moe", "-a", "my-model", "--chat-template-kwargs",
                   '{"reasoning_effort": "high"}'])
     assert serve._api_keys(args) == ["a", "b", "c"]
-    assert serve._placement(args) == {
-        "n_parallel": 4,
-        "cpu_moe": True,
-        "override_tensor": [r"blk\.1\.ffn_.*_exps=CPU", r"blk\.2\..*=CUDA0", "exps=CPU"],
-    }
+    # -ot values travel as given; placement.rules.parse_overrides is the one place that splits them
+    assert serve.ServeSettings.from_args(args).placement == PlacementSettings(
+        cpu_moe=True, override_tensor=(r"blk\.1\.ffn_.*_exps=CPU,blk\.2\..*=CUDA0", "exps=CPU"))
     assert args.alias == "my-model" and args.chat_template_kwargs == {"reasoning_effort": "high"}
 
 

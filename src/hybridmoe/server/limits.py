@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybridmoe.server.protocol import bad_request
+from hybridmoe.settings import ServerLimits
 
 # `render_chat`'s own parameters: a chat_template_kwargs key with one of these names would
 # collide with them.
@@ -15,8 +16,7 @@ RESERVED_TEMPLATE_ARGS = frozenset({"template", "messages", "tools", "add_genera
 # Nesting of a tool's JSON-schema `parameters`: the gpt-oss template renders them with a
 # recursive macro (Python's recursion limit breaks near 300 levels); real schemas nest < 10.
 MAX_TOOL_NESTING = 64
-# Default --max-body-size: a 131k-token prompt is well under 1 MB of JSON.
-DEFAULT_MAX_BODY_BYTES = 8 << 20
+DEFAULT_MAX_BODY_BYTES = ServerLimits().max_body_bytes  # --max-body-size's default (hybridmoe.settings)
 
 
 def check_template_kwargs(kwargs: Mapping[str, Any] | None, param: str = "chat_template_kwargs") -> None:
@@ -52,17 +52,3 @@ def check_tools(tools: list[Any] | None, param: str = "tools") -> None:
         if params is not None and nesting_depth(params, MAX_TOOL_NESTING) > MAX_TOOL_NESTING:
             raise bad_request(f"{param}.{i}.function.parameters: nested deeper than {MAX_TOOL_NESTING} levels",
                               param=f"{param}.{i}.function.parameters")
-
-
-def parse_size(text: str) -> int:
-    """A byte count with an optional k/M/G suffix (powers of 1024): '8M' -> 8388608."""
-    t = text.strip()
-    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(t[-1:].lower(), 1)
-    number = t[:-1] if scale > 1 else t
-    try:
-        value = int(float(number) * scale)
-    except (ValueError, OverflowError):
-        raise ValueError(f"expected a size in bytes such as 8388608 or 8M, got {text!r}") from None
-    if value < 1:
-        raise ValueError(f"size must be positive, got {text!r}")
-    return value

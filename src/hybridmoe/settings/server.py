@@ -35,7 +35,8 @@ def add_server_limit_args(parser: argparse.ArgumentParser) -> list[argparse.Acti
     d = ServerLimits()
     g = parser.add_argument_group("server limits")
     return [
-        g.add_argument("--max-queue", type=int, default=d.max_queue, help="requests that may wait for a slot before 503"),
+        g.add_argument("--max-queue", type=int, default=d.max_queue,
+                       help="requests that may wait for a slot before 503"),
         g.add_argument("--max-body-size", type=byte_size, default=d.max_body_bytes,
                        help=f"largest request body in bytes, k/M/G suffix allowed (default {d.max_body_bytes >> 20}M); "
                             "larger ones get 413"),

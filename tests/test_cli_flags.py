@@ -1,0 +1,208 @@
+"""One flag table: `generate`, `serve` and `plan` share each settings group's flags, defaults, help
+and validation; llama-server's `-ngl` spellings; llama-server-only flags set aside, not fatal."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hybridmoe.commands import generate, plan, serve
+from hybridmoe.commands.llama_flags import LLAMA_SERVER_ONLY_FLAGS, parse_llama_command_line, set_aside
+from hybridmoe.settings import (
+    SAMPLING_DEFAULTS,
+    ComputeSettings,
+    ContextSettings,
+    ParallelSettings,
+    PlacementSettings,
+    SamplingDefaults,
+    ServerLimits,
+    SettingsError,
+    add_compute_args,
+    add_context_args,
+    add_parallel_args,
+    add_placement_args,
+    add_sampling_args,
+)
+
+COMMANDS = {"generate": generate, "serve": serve, "plan": plan}
+REQUIRED = {"plan": ["-m", "model.gguf"]}  # plan's -m has no default
+# group -> (its add function, the commands that take it)
+GROUPS = {
+    "placement": (add_placement_args, ("generate", "serve", "plan")),
+    "context": (add_context_args, ("generate", "serve", "plan")),
+    "parallel": (add_parallel_args, ("serve", "plan")),
+    "compute": (add_compute_args, ("generate", "serve")),
+    "sampling": (add_sampling_args, ("generate", "serve")),
+}
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="hybridmoe")
+    return COMMANDS[name].add_parser(top.add_subparsers())
+
+
+def parse(name: str, argv: list[str]) -> argparse.Namespace:
+    return command_parser(name).parse_args([*REQUIRED.get(name, []), *argv])
+
+
+def help_section(parser: argparse.ArgumentParser, title: str) -> str:
+    """The lines of `--help` under one argument group's title."""
+    lines = parser.format_help().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(title))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()), len(lines))
+    return "\n".join(lines[start:end]).rstrip()
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_shared_groups_are_identical_across_commands(group, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    add, names = GROUPS[group]
+    reference = argparse.ArgumentParser(prog="x")
+    actions = add(reference)
+    title = help_section(reference, next(ln for ln in reference.format_help().splitlines()
+                                         if ln.endswith(":") and not ln.startswith(("usage", "options"))))
+    for name in names:
+        parser = command_parser(name)
+        # Same option strings, metavars, choices and help text ...
+        assert help_section(parser, title.splitlines()[0]) == title, name
+        for action in actions:
+            # ... the same defaults, and the same parse of every spelling of each flag.
+            assert parser.get_default(action.dest) == action.default, (name, action.dest)
+            for flag in action.option_strings:
+                if action.nargs == 0:
+                    argv = [flag]
+                else:
+                    argv = [flag, SAMPLE_VALUES.get(action.dest, "3")]
+                got = getattr(parser.parse_args([*REQUIRED.get(name, []), *argv]), action.dest)
+                assert got == getattr(reference.parse_args(argv), action.dest), (name, flag)
+
+
+COMMANDS_OF = {PlacementSettings: GROUPS["placement"][1], ContextSettings: GROUPS["context"][1],
+               ParallelSettings: GROUPS["parallel"][1], ComputeSettings: GROUPS["compute"][1],
+               SamplingDefaults: GROUPS["sampling"][1], ServerLimits: ("serve",)}
+SAMPLE_VALUES = {"override_tensor": "exps=CPU", "gpu_device": "cuda:1", "gpu_dense_dtype": "bf16", "fit": "on",
+                 "n_gpu_layers": "auto", "temp": "0.5", "top_p": "0.5", "min_p": "0.1"}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("spelling,n_gpu_layers,fit", [
+    ([], None, False), (["-ngl", "all"], None, False), (["-ngl", "-1"], None, False), (["-ngl", "ALL"], None, False),
+    (["--n-gpu-layers", "0"], 0, False), (["--gpu-layers", "999"], 999, False), (["-ngl", "auto"], None, True),
+    (["-ngl", "auto", "--cpu-moe"], None, False), (["-ngl", "auto", "--n-cpu-moe", "3"], None, False),
+    (["-ngl", "7", "--fit"], 7, True), (["--fit", "off"], None, False),
+])
+def test_ngl_spellings(command, spelling, n_gpu_layers, fit):
+    p = PlacementSettings.from_args(parse(command, spelling))
+    assert (p.n_gpu_layers, p.fit) == (n_gpu_layers, fit)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("value", ["-2", "lots", "1.5"])
+def test_bad_ngl_is_a_usage_error_naming_the_flag(command, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(command, ["-ngl", value])
+    assert e.value.code == 2
+    assert "-ngl/--n-gpu-layers" in capsys.readouterr().err
+
+
+def test_serve_accepts_ngl_minus_one_through_the_cli_parser():
+    top = argparse.ArgumentParser(prog="hybridmoe")
+    serve.add_parser(top.add_subparsers(dest="command"))
+    args = parse_llama_command_line(top, ["serve", "-ngl", "-1", "-ctk", "q8_0", "--n-cpu-moe", "2"])
+    s = serve.ServeSettings.from_args(args)
+    assert s.placement == PlacementSettings(n_gpu_layers=None, n_cpu_moe=2) and args.unknown_flags == ["-ctk", "q8_0"]
+
+
+@pytest.mark.parametrize("argv,settings,flag", [
+    (["--n-cpu-moe", "-1"], PlacementSettings, "--n-cpu-moe"),
+    (["--upload-slots", "-1"], PlacementSettings, "--upload-slots"),
+    (["--vram-budget", "0"], PlacementSettings, "--vram-budget"),
+    (["-c", "-5"], ContextSettings, "-c/--ctx-size"),
+    (["-ub", "0"], ContextSettings, "-ub/--ubatch-size"),
+    (["-np", "0"], ParallelSettings, "-np/--parallel"),
+    (["-t", "0"], ComputeSettings, "-t/--threads"),
+    (["--temp", "-1"], SamplingDefaults, "--temp"),
+    (["--top-p", "0"], SamplingDefaults, "--top-p"),
+    (["-n", "0"], SamplingDefaults, "-n/--n-predict"),
+    (["--max-queue", "-1"], ServerLimits, "--max-queue"),
+])
+def test_validation_names_the_flag_in_every_command(argv, settings, flag):
+    for name in COMMANDS_OF[settings]:
+        with pytest.raises(SettingsError, match=re.escape(flag) + " must"):
+            settings.from_args(parse(name, argv))
+
+
+def test_parallel_minus_one_is_llama_servers_auto():
+    assert ParallelSettings.from_args(parse("serve", ["-np", "-1"])) == ParallelSettings(n_parallel=4)
+
+
+def test_library_users_get_the_same_validation():
+    with pytest.raises(SettingsError, match="--n-cpu-moe must be >= 0, got -1"):
+        PlacementSettings(n_cpu_moe=-1)
+    with pytest.raises(SettingsError, match="-ot/--override-tensor"):
+        PlacementSettings(override_tensor="exps=CPU")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PlacementSettings().cpu_moe = True  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("argv,where", [
+    (["plan", "-m", "x.gguf", "--n-cpu-moe", "-1"], "hybridmoe plan: error: --n-cpu-moe must be >= 0"),
+    (["generate", "-m", "x.gguf", "-c", "-3"], "hybridmoe generate: error: -c/--ctx-size must be >= 0"),
+    (["serve", "-m", "x.gguf", "-np", "0"], "hybridmoe serve: error: -np/--parallel must be >= 1"),
+])
+def test_cli_reports_a_bad_setting_in_one_line(argv, where, capsys):
+    from hybridmoe.cli import main
+
+    assert main(argv) in (1, 2)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(where), err
+
+
+def test_sampling_defaults_are_stated_once():
+    from hybridmoe.engine.llm import LLM
+    from hybridmoe.engine.sampling import SamplingParams
+
+    d = SAMPLING_DEFAULTS
+    p = SamplingParams()
+    assert (p.temperature, p.top_k, p.top_p, p.min_p, p.seed) == (d.temperature, d.top_k, d.top_p, d.min_p, None)
+    sig = inspect.signature(LLM.generate).parameters
+    assert (sig["temperature"].default, sig["top_k"].default, sig["top_p"].default, sig["min_p"].default,
+            sig["max_tokens"].default) == (d.temperature, d.top_k, d.top_p, d.min_p, d.n_predict)
+    for name in ("generate", "serve"):
+        assert SamplingDefaults.from_args(parse(name, [])) == d
+
+
+def test_llama_server_only_flags_are_not_ours(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    ours = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", command_parser("serve").format_help()))
+    assert not ours & set(LLAMA_SERVER_ONLY_FLAGS)
+
+
+@pytest.mark.parametrize("argv,kept,foreign", [
+    (["-ctk", "q8_0", "-c", "4096"], ["-c", "4096"], ["-ctk", "q8_0"]),
+    (["-ctk", "--port", "5"], ["--port", "5"], ["-ctk"]),  # a missing value never swallows our flag
+    (["--lora-scaled", "a.gguf", "0.5", "-t", "2"], ["-t", "2"], ["--lora-scaled", "a.gguf", "0.5"]),
+    (["--log-colors=on", "-cb", "-ts", "-1"], [], ["--log-colors=on", "-cb", "-ts", "-1"]),
+    (["-ngl", "-1", "--temp", "0"], ["-ngl", "-1", "--temp", "0"], []),
+])
+def test_set_aside_takes_each_flag_with_its_values(argv, kept, foreign):
+    assert set_aside(argv) == (kept, foreign)
+
+
+def test_import_leaves_omp_wait_policy_to_the_caller(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = "import os, hybridmoe; print(os.environ.get('OMP_WAIT_POLICY'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "None", out.stderr
+    code = ("import os, sys; from hybridmoe.cli import main; main(['synth', '--out', sys.argv[1]]); "
+            "print(os.environ.get('OMP_WAIT_POLICY'))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.gguf")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "PASSIVE", out.stderr
