@@ -1,15 +1,18 @@
-"""The machine line every bench prints: CPU model, the SIMD flags the kernels care about, cores."""
+"""The machine a bench ran on: CPU model, the SIMD flags the kernels care about, cores, RAM, load.
+
+`describe()` is the line every bench prints first; `info()` is the same as a dict for its JSON record.
+"""
 
 from __future__ import annotations
 
 import os
+import platform
 
-_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bf16",
-          "avx_vnni")
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "avx512_bf16",
+             "avx_vnni")
 
 
-def describe() -> str:
-    """'cpu: <model>; isa flags: ...; cpus: N' from /proc/cpuinfo (what Linux reports)."""
+def _cpuinfo() -> tuple[str, set[str]]:
     model, flags = "unknown", set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -21,5 +24,38 @@ def describe() -> str:
                     flags = set(val.split())
     except OSError:
         pass
-    have = [f for f in _FLAGS if f in flags]
-    return f"cpu: {model}; isa flags: {' '.join(have) or 'none of ' + ','.join(_FLAGS)}; cpus: {len(os.sched_getaffinity(0))}"
+    return model, flags
+
+
+def _ram_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15 minute load averages: how busy the machine was (timings on a busy one are slower)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def info() -> dict:
+    """CPU model, ISA flags (those of ISA_FLAGS present), usable CPUs, RAM, load average, OS."""
+    model, flags = _cpuinfo()
+    return {"cpu": model, "isa": [f for f in ISA_FLAGS if f in flags], "cpus": len(os.sched_getaffinity(0)),
+            "ram_gib": _ram_gib(), "load_avg": load_average(), "os": f"{platform.system()} {platform.release()}"}
+
+
+def describe() -> str:
+    """'cpu: <model>; isa flags: ...; cpus: N; ram: G GiB; load: a b c' for the top of a bench's output."""
+    m = info()
+    isa = " ".join(m["isa"]) or "none of " + ",".join(ISA_FLAGS)
+    load = " ".join(str(x) for x in m["load_avg"]) or "unknown"
+    return f"cpu: {m['cpu']}; isa flags: {isa}; cpus: {m['cpus']}; ram: {m['ram_gib']} GiB; load average: {load}"
