@@ -5,7 +5,7 @@ chat's idle latency, then sends each big schema together with a normal chat and 
 request's status and time and the normal chat's latency next to its idle one.
 
     python bench/constrained_load.py
-    python bench/constrained_load.py -m model.gguf --max-tokens 32
+    python bench/constrained_load.py -m model.gguf --max-tokens 32 [--json out.json]
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+import machine
+import record
 
 ENUM_100K = {"type": "object", "properties": {"v": {"enum": [f"value-{i}" for i in range(100_000)]}}}
 PROPS_20K = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(20_000)}}
@@ -56,7 +59,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", default=None)
     ap.add_argument("--max-tokens", type=int, default=32)
+    record.add_json_arg(ap)
     args = ap.parse_args()
+    print(machine.describe())
+    rec = record.new("constrained_load", {"model": os.path.basename(args.model) if args.model else "bundled demo",
+                                          "max_tokens": args.max_tokens, "parallel": 2, "threads": 1})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -75,7 +82,9 @@ def main() -> None:
             except OSError:
                 time.sleep(0.5)
         post(url, chat(4))  # warm up
-        idle = statistics.median(post(url, normal(args.max_tokens))[1] for _ in range(3))
+        idle_runs = [post(url, normal(args.max_tokens))[1] for _ in range(3)]
+        idle = statistics.median(idle_runs)
+        rec["runs"].append({"case": "normal chat idle", "seconds": idle_runs})
         print(f"normal chat ({args.max_tokens} tokens) idle: {idle:.2f} s")
         print(f"{'schema':<22} {'big: status':>11} {'time s':>7}  {'normal s':>8} {'x idle':>6}  detail")
         for name, schema in [("enum 100,000", ENUM_100K), ("properties 20,000", PROPS_20K),
@@ -88,9 +97,13 @@ def main() -> None:
                 fn = pool.submit(post, url, normal(args.max_tokens))
                 (bs, bt, bd), (_, nt, _) = fb.result(), fn.result()
             print(f"{name:<22} {bs:>11} {bt:>7.2f}  {nt:>8.2f} {nt / idle:>6.2f}  {bd}")
+            rec["rows"].append({"schema": name, "status": bs, "big_s": bt, "normal_s": nt,
+                                "normal / idle": nt / idle, "detail": bd})
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    rec["params"]["idle_normal_s"] = idle
+    record.write(rec, args.json)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ first token measured by the client.
     python bench/conversation.py -m gpt-oss-20b-synth.gguf -t 2
     python bench/conversation.py -m model.gguf --llama-server /path/to/llama-server   # both engines
     python bench/conversation.py --system-tokens 300 --reply-tokens 40 --user-tokens 20   # tiny, quick
+    python bench/conversation.py ... --json out.json     # also write the run's record (bench/record.py)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 
 import machine
+import record
 from serve_load import free_port, wait_healthy
 
 
@@ -116,6 +118,12 @@ def server_cmd(engine: str, a: argparse.Namespace, model: str, np_: int, port: i
     return [sys.executable, "-m", "hybridmoe.cli", "serve", *common]
 
 
+def llama_server_version(path: str) -> str:
+    r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    lines = [ln.strip() for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    return "; ".join(lines[:2]) or "unknown"
+
+
 def summarize(turns: list[Turn]) -> None:
     print(f"\n{'engine':>10} {'setting':>7} {'turn':>4} {'prompt':>7} {'cached':>7} {'cached %':>8} "
           f"{'prompt ms':>10} {'ttft ms':>9}")
@@ -150,9 +158,15 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--reply-tokens", type=int, default=200)
     ap.add_argument("--user-tokens", type=int, default=100)
-    ap.add_argument("--json", action="store_true", help="also print every turn as a JSON line")
+    record.add_json_arg(ap)
     a = ap.parse_args()
     print(machine.describe())
+    rec = record.new("conversation", {
+        "model": os.path.basename(a.model) if a.model else ("server at --url" if a.url else "synthetic tiny"),
+        "threads": a.threads, "ctx": a.ctx, "system_tokens": a.system_tokens, "user_tokens": a.user_tokens,
+        "reply_tokens": a.reply_tokens, "turns": a.turns, "settings": a.settings.split(",")})
+    if a.llama_server and "llama.cpp" in a.engines.split(",") and not a.url:
+        rec["versions"]["llama.cpp"] = {"driver": "llama-server", "version": llama_server_version(a.llama_server)}
     turns: list[Turn] = []
     if a.url:
         turns = run_setting("server", a.url, "url", a)
@@ -175,9 +189,8 @@ def main() -> int:
                     proc.terminate()
                     proc.wait(timeout=60)
     summarize(turns)
-    if a.json:
-        for t in turns:
-            print(json.dumps({"bench": "conversation", **asdict(t)}))
+    rec["rows"] = [asdict(t) for t in turns]
+    record.write(rec, a.json)
     return 0
 
 

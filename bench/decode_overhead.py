@@ -1,6 +1,6 @@
 """Python overhead of a decode step: step time vs time spent inside the C kernels.
 
-    python bench/decode_overhead.py -m /path/to/gpt-oss-20b-synth.gguf -t 2 [--steps 16] [--ctx 512]
+    python bench/decode_overhead.py -m /path/to/gpt-oss-20b-synth.gguf -t 2 [--steps 16] [--ctx 512] [--json out.json]
 
 Prints a table per step count: median step ms, median kernel ms (MoE, Q8_0 linears incl. the
 fused q/k/v group, decode attention; timed around each call, Python wrapper included) and the rest (torch ops + Python), with the overhead share. Write a 20b file
@@ -14,6 +14,9 @@ import os
 import statistics
 import time
 
+import machine
+import record
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -21,8 +24,12 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=512, help="tokens already cached before timing")
+    record.add_json_arg(ap)
     args = ap.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as the CLI does
+    print(machine.describe())
+    rec = record.new("decode_overhead", {"model": os.path.basename(args.model), "threads": args.threads,
+                                         "steps": args.steps, "cached": args.ctx})
 
     from hybridmoe import LLM, ComputeSettings, ContextSettings, kernels
     from hybridmoe.models import weights
@@ -62,6 +69,10 @@ def main() -> None:
     print(f"model {args.model}  threads {args.threads}  cached {args.ctx}  kernels isa {kernels.isa()}")
     print(f"{'step ms':>10} {'kernel ms':>10} {'other ms':>10} {'overhead':>9} {'tok/s':>7}")
     print(f"{s:10.1f} {k:10.1f} {s - k:10.1f} {100 * (s - k) / s:8.1f}% {1e3 / s:7.2f}")
+    rec["params"]["isa"] = kernels.isa()
+    rec["rows"] = [{"step_ms": s, "kernel_ms": k, "other_ms": s - k, "overhead share": (s - k) / s, "tok_s": 1e3 / s}]
+    rec["runs"] = [{"step": i, "step_ms": a * 1e3, "kernel_ms": b * 1e3} for i, (a, b) in enumerate(zip(steps, kern))]
+    record.write(rec, args.json)
 
 
 if __name__ == "__main__":

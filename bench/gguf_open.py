@@ -4,7 +4,7 @@ Without -m it writes a 20b-shaped file to a temp dir: the full-size tokenizer (2
 446,189 merges, synthesized) and the real tensor table (459 tensors, ~12 GB) as a sparse hole.
 Each open runs in a fresh subprocess so the RSS delta is clean. Prints medians of --runs runs.
 
-    OMP_NUM_THREADS=1 nice -n 10 python bench/gguf_open.py [-m MODEL] [--runs 3] [--skip-gguf-py]
+    OMP_NUM_THREADS=1 nice -n 10 python bench/gguf_open.py [-m MODEL] [--runs 3] [--skip-gguf-py] [--json out.json]
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ import tempfile
 import time
 
 import numpy as np
+
+import machine
+import record
 
 N_TOKENS, N_MERGES = 201_088, 446_189
 LAYERS, EXPERTS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 24, 32, 2880, 64, 8, 64
@@ -121,10 +124,14 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--skip-gguf-py", action="store_true", help="gguf.GGUFReader takes ~30 s/run")
     ap.add_argument("--child", nargs=2, metavar=("READER", "PATH"), help=argparse.SUPPRESS)
+    record.add_json_arg(ap)
     args = ap.parse_args()
     if args.child:
         child(*args.child)
         return 0
+    print(machine.describe())
+    rec = record.new("gguf_open", {"model": os.path.basename(args.model) if args.model else
+                                   "20b-shaped sparse file with the full-size tokenizer", "runs": args.runs})
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model
         if path is None:
@@ -143,6 +150,11 @@ def main() -> int:
                    for _ in range(args.runs)]
             print(f"| {r} | {statistics.median(x['open_s'] for x in res):.3f} | "
                   f"{statistics.median(x['rss_mb'] for x in res):.1f} | {res[0]['n_tensors']} |")
+            rec["rows"].append({"reader": r, "open_s": statistics.median(x["open_s"] for x in res),
+                                "rss_delta_mb": statistics.median(x["rss_mb"] for x in res),
+                                "tensors": res[0]["n_tensors"]})
+            rec["runs"] += [{"reader": r, **x} for x in res]
+    record.write(rec, args.json)
     return 0
 
 

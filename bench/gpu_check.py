@@ -5,14 +5,13 @@ Run through bench/gpu_check.sh (it builds the kernels first). Without CUDA the G
 skipped with a message; the plan predictions for the 20b shape are still printed (from a sparse
 header) and the measuring code is smoke-tested on the tiny preset with every device `cpu`.
 
-    python bench/gpu_check.py [--preset 20b] [--out bench/out] [--threads N] [--json]
+    python bench/gpu_check.py [--preset 20b] [--out bench/out] [--threads N] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+import machine
+import record
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.models.gpt_oss import GptOssConfig
 from hybridmoe.placement import PlacementOptions, make_plan
@@ -195,16 +196,20 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--ctx", type=int, default=4096, help="context size for the runs")
-    ap.add_argument("--json", action="store_true", help="also print one JSON line per row")
+    record.add_json_arg(ap)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t_start = time.perf_counter()
+    print(machine.describe())
+    rec = record.new("gpu_check", {"preset": args.preset, "threads": args.threads, "ctx": args.ctx, "pp": PP, "tg": TG})
+    rec["versions"]["cuda"] = torch.version.cuda
     log(f"torch {torch.__version__}, threads {args.threads}, CUDA {torch.cuda.is_available()}")
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         rows = run(args.preset, args.out, args.threads, "cuda:0", args.ctx)
         title = f"{args.preset}-shaped synthetic model on {name}, ctx {args.ctx}, {args.threads} CPU threads"
+        rec["machine"]["gpu"] = name
     else:
         print("\nno CUDA device: GPU rows skipped. Plan predictions for the "
               f"{args.preset} shape (sparse header) and a CPU smoke run of this script on the tiny "
@@ -218,9 +223,11 @@ def main() -> int:
         title = "SMOKE (tiny preset, every device cpu; not a GPU measurement)"
 
     print_table(rows, title)
-    if args.json:
-        for r in rows:
-            print(json.dumps(r.__dict__))
+    rec["params"]["measured"] = title
+    rec["rows"] = [{k: v for k, v in r.__dict__.items() if k != "extra"} | {
+        "logits_max_rel_err": r.extra.get("logits", {}).get("max_rel_err"),
+        "logits_top1_agree": r.extra.get("logits", {}).get("top1_agree")} for r in rows]
+    record.write(rec, args.json)
     bad = [r.label for r in rows if not r.extra.get("logits", {}).get("ok", False)]
     log(f"total {time.perf_counter() - t_start:.0f} s")
     if bad:

@@ -4,7 +4,7 @@
 # --cpu-moe, --n-cpu-moe 12 and all-on-GPU. Target: under 8 minutes on one H200 + 16 cores.
 # Without CUDA it skips the GPU rows (saying so) and smoke-tests itself on the tiny preset.
 #
-#   bench/gpu_check.sh [--preset 20b] [--ctx 4096] [--json]      (PYTHON=... to pick the interpreter)
+#   bench/gpu_check.sh [--preset 20b] [--ctx 4096] [--json out.json]   (PYTHON=... to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

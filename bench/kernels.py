@@ -11,7 +11,7 @@ tile path) gets its own rows, measured in the same run, and a closing table of s
 so the weights come from RAM, not the 32 MB L3. Medians of --repeats runs. Numbers are noisy on
 a shared machine; rerun when it is quiet.
 
-    python bench/kernels.py [--threads 1 2] [--repeats 7] [--isa auto]
+    python bench/kernels.py [--threads 1 2] [--repeats 7] [--isa auto] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 import hybridmoe.kernels as K
+import machine
+import record
 from hybridmoe.gguf.constants import GGMLType
-from machine import describe
 
 H = I = 2880
 E, TOPK = 32, 4
@@ -47,6 +48,7 @@ def random_q8_0(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 LAST_CPU_S: list[float] = [0.0]  # median calling-thread CPU seconds of the last timed() call
+LAST_TIMES: list[list[float]] = [[]]  # the wall seconds of every repeat of the last timed() call
 
 
 def timed(fn, repeats: int) -> tuple[float, float]:
@@ -61,6 +63,7 @@ def timed(fn, repeats: int) -> tuple[float, float]:
         times.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
     LAST_CPU_S[0] = statistics.median(cpu)
+    LAST_TIMES[0] = times
     return statistics.median(times), min(times)
 
 
@@ -102,6 +105,7 @@ def main() -> None:
     ap.add_argument("--bw-gib", type=float, default=2.0, help="size of the read-bandwidth array")
     ap.add_argument("--tokens", type=int, nargs="+", default=[8, 64, 512])
     ap.add_argument("--gemv-max-tokens", type=int, default=None, help="override the GEMV/tile crossover")
+    record.add_json_arg(ap)
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -117,15 +121,29 @@ def main() -> None:
     expert_bytes = 3 * I * MX_ROW
 
     speedups = []  # (threads, case, fp32 rate, fast rate): GB/s, or GFLOP/s where the case says so
-    print(describe())
+    print(machine.describe())
     print(f"isa={K.isa()}  repeats={args.repeats} (medians)  20b shapes H=I={H}, E={E}, top-{TOPK}")
+    rec = record.new("kernels", {"threads": args.threads, "repeats": args.repeats, "isa": K.isa(),
+                                 "tokens": args.tokens, "gemv_max_tokens": args.gemv_max_tokens, "bw_gib": args.bw_gib})
     rows = []
+    out: dict[tuple[int, str], dict] = {}  # the record's rows by (threads, case)
+
+    def keep(nt: int, case: str, unit: str, mode: str, amount: float, t: float, bw: float | None = None) -> None:
+        """One measured value into the record: its row (median rate) and its run (every repeat)."""
+        row = out.setdefault((nt, case), {"threads": nt, "isa": K.isa(), "case": case, "unit": unit,
+                                          "default": None, "fast": None})
+        row[mode] = amount / t / 1e9
+        if bw:
+            row[f"{mode} share of read bw"] = row[mode] / bw
+        rec["runs"].append({"threads": nt, "case": case, "mode": mode, "seconds": LAST_TIMES[0]})
     for nt in args.threads:
         K.set_num_threads(nt)
         bw_np = read_bandwidth(bw_buf, nt, args.repeats)
+        keep(nt, "read bandwidth (numpy sum)", "GB/s", "default", bw_buf.nbytes, bw_buf.nbytes / bw_np / 1e9)
         rows.append((nt, "read bandwidth (numpy sum)", f"{bw_np:.1f} GB/s", f"{bw_buf.nbytes / 2**30:.1f} GiB"))
         bw_c = read_bandwidth_c(bw_buf, args.repeats)
         if bw_c is not None:
+            keep(nt, "read bandwidth (C loop)", "GB/s", "default", bw_buf.nbytes, bw_buf.nbytes / bw_c / 1e9)
             rows.append((nt, "read bandwidth (C loop, kernel pool)", f"{bw_c:.1f} GB/s", "the % below use the larger"))
         bw = max(bw_np, bw_c or 0.0)
 
@@ -146,6 +164,7 @@ def main() -> None:
         for fast in (False, True):
             K.set_fast_math(fast)
             t, best = timed(cold_decode, args.repeats * 4)
+            keep(nt, "MoE T=1 cold, 4 experts", "GB/s", "fast" if fast else "default", TOPK * expert_bytes, t, bw)
             moe_rates.append(rate(TOPK * expert_bytes, t))
             gbs = TOPK * expert_bytes / t / 1e9
             rows.append((nt, "MoE T=1 cold, 4 experts" + (" FAST int8" if fast else ""), f"{gbs:.1f} GB/s",
@@ -163,6 +182,7 @@ def main() -> None:
             for fast in (False, True):  # fast: int8 GEMV (<= 16 tokens per expert) or int8 GEMM
                 K.set_fast_math(fast)
                 t, best = timed(lambda: K.moe_forward(x, ids, wts, experts), max(3, args.repeats // 2))
+                keep(nt, f"MoE T={T}", "GFLOP/s", "fast" if fast else "default", flops, t)
                 rates.append(flops / (LAST_CPU_S[0] if nt == 1 else t) / 1e9)
                 rows.append((nt, f"MoE T={T}" + (" FAST int8" if fast else ""), f"{flops / t / 1e9:.1f} GFLOP/s",
                              f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s" + cpu_note(nt, flops, "GFLOP/s")))
@@ -174,6 +194,7 @@ def main() -> None:
         for fast in (False, True):
             K.set_fast_math(fast)
             t, best = timed(lambda: K.linear_q8_0(xh, head), args.repeats)
+            keep(nt, "Q8_0 head 201088x2880 T=1", "GB/s", "fast" if fast else "default", head.nbytes, t, bw)
             head_rates.append(rate(head.nbytes, t))
             rows.append((nt, "Q8_0 head 201088x2880 T=1" + (" FAST int8" if fast else ""),
                          f"{head.nbytes / t / 1e9:.1f} GB/s",
@@ -188,6 +209,7 @@ def main() -> None:
         for fast in (False, True):  # fast: the int8 GEMM (maddubs on |w| and sign(x, w))
             K.set_fast_math(fast)
             t, best = timed(lambda: K.linear_q8_0(xd, wd), max(3, args.repeats // 2))
+            keep(nt, "Q8_0 4096x2880 T=512", "GFLOP/s", "fast" if fast else "default", flops, t)
             dense_rates.append(rate(flops, t))
             rows.append((nt, "Q8_0 4096x2880 T=512" + (" FAST int8" if fast else ""), f"{flops / t / 1e9:.1f} GFLOP/s",
                          f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s" + cpu_note(nt, flops, "GFLOP/s")))
@@ -201,6 +223,8 @@ def main() -> None:
     print("| threads | case | fp32 rate | fast rate | speed-up |\n|---|---|---|---|---|")
     for nt, case, slow, fast in speedups:
         print(f"| {nt} | {case} | {slow:.1f} | {fast:.1f} | {fast / slow:.2f}x |")
+    rec["rows"] = list(out.values())
+    record.write(rec, args.json)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ model unless -m is given) and stops it afterwards.
     python bench/serve_load.py                      # tiny synthetic model, streams 1 and 4
     python bench/serve_load.py -m model.gguf --streams 1,2,4,8 --requests 16 --max-tokens 64
     python bench/serve_load.py --url http://127.0.0.1:8080 --api-key KEY
+    python bench/serve_load.py --json out.json      # also write the run's record (bench/record.py)
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+
+import machine
+import record
 
 
 @dataclass
@@ -128,9 +132,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per level; the median throughput is shown")
     ap.add_argument("-t", "--threads", type=int, default=None, help="server threads (started server only)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
-    ap.add_argument("--json", action="store_true", help="also print one JSON line per level")
+    record.add_json_arg(ap)
     args = ap.parse_args()
     levels = [int(x) for x in args.streams.split(",") if x.strip()]
+    print(machine.describe())
+    rec = record.new("serve_load", {"model": os.path.basename(args.model) if args.model else "synthetic tiny",
+                                    "url": "given" if args.url else "started here", "streams": levels,
+                                    "requests": args.requests, "max_tokens": args.max_tokens,
+                                    "repeats": args.repeats, "threads": args.threads})
     proc = None
     url = args.url
     if url is None:
@@ -151,15 +160,15 @@ def main() -> int:
                   f"{pct(ttft, 0.5):>11.3f} {len(errors):>6}")
             for e in sorted(set(errors))[:3]:
                 print(f"        error: {e}")
-            if args.json:
-                print(json.dumps({"bench": "serve_load", "streams": n, "requests": args.requests,
-                                  "max_tokens": args.max_tokens, "tokens_per_s": statistics.median(tps),
-                                  "p50_latency_s": pct(lat, 0.5), "p99_latency_s": pct(lat, 0.99),
-                                  "p50_ttft_s": pct(ttft, 0.5), "errors": len(errors)}))
+            rec["rows"].append({"streams": n, "tokens_per_s": statistics.median(tps), "p50_latency_s": pct(lat, 0.5),
+                                "p99_latency_s": pct(lat, 0.99), "p50_ttft_s": pct(ttft, 0.5), "errors": len(errors)})
+            rec["runs"] += [{"streams": n, "repeat": i, "wall_s": wall, "tokens_per_s": tp}
+                            for i, ((wall, _), tp) in enumerate(zip(runs, tps))]
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
+    record.write(rec, args.json)
     return 0
 
 
