@@ -30,13 +30,13 @@ constexpr int kErrBadArg = -1, kErrBadExpert = -2, kErrBadIsa = -3;
 std::mutex g_call_mu;  // one op at a time owns the pool and the scratch buffers
 std::unique_ptr<ThreadPool> g_pool;
 const KernelSet* g_ks = nullptr;
-// Tokens per expert up to which the fused GEMV beats tile + GEMM. With the GEMV's K chunking:
-// 1 core, 2880x2880 MXFP4, GFLOP/s GEMV vs tile: 12 tokens 62 vs 49, 16: 64 vs 63, 24: 65 vs 68.
+// Tokens per expert up to which the fused GEMV beats tile + GEMM (the crossover on 20b-sized
+// MXFP4 matrices; bench/kernels.py --gemv-max-tokens moves it).
 std::atomic<int> g_gemv_max_tokens{16};
 std::atomic<int> g_fast_math{0};  // 1: int8 activations on the GEMV and the tile path
 // 1: the GEMV path (few tokens per expert / dense call) multiplies two-term int16 activations
 // (quantize_x_q16: fp32-like error, integer products); 0 (default): fp32 activations. Opt-in
-// until it is faster: on Zen 4 it measured no faster than the fp32 GEMV (see DESIGN.md).
+// until it is faster than the fp32 GEMV (docs/DESIGN.md).
 std::atomic<int> g_act16{0};
 
 bool cpu_has_f16c() {

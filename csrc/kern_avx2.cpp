@@ -119,11 +119,9 @@ inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, co
 }
 
 // Several tokens: the rows are walked in K chunks whose activation slices (NT x kc floats, 8 KB)
-// stay in L1 while a group of rows passes over them. Unchunked, every row re-read all NT
-// activation rows from L2: 4..8 tokens ran at ~45 GFLOP/s per core, chunked 56..68 here. With
-// 12-16 KB slices the rate fell to ~50 in some processes (evicted by the weight stream and the
-// accumulators); 8 KB held 64-69 in every trial. A group's rows (<= kGemvGroupRows, contiguous)
-// are prefetched into L2 during the first chunk.
+// stay in L1 while a group of rows passes over them (unchunked, every row re-read all NT
+// activation rows from L2; larger slices get evicted by the weight stream and the accumulators).
+// A group's rows (<= kGemvGroupRows, contiguous) are prefetched into L2 during the first chunk.
 constexpr int64_t kGemvChunkFloats = 2048;  // NT * kc
 constexpr int64_t kGemvGroupRows = 24;
 constexpr int64_t kGemvWholeBytes = 24 << 10;
@@ -295,8 +293,7 @@ void micro_rb(int rb, const float* Ap, int64_t lda, int64_t kc, const float* B, 
 
 // K blocking: per block a 16-token activation slice (20 KB) and one 6-row weight slice (7.5 KB)
 // stay in L1 while the token pair sweeps kGemmNc weight rows; unblocked, every 6-row panel
-// re-streamed the pair's whole activation rows from L2/L3 (measured 55-60 -> 80-88 GFLOP/s,
-// one core, M = 64..512, K = 2880).
+// re-streamed the pair's whole activation rows from L2/L3.
 constexpr int64_t kGemmKc = 320;  // divides 2880; multiple of 8
 constexpr int64_t kGemmNc = 48;   // weight rows (8 panels) whose accumulators a token pair keeps
 
@@ -599,14 +596,14 @@ void quantize_q16(const float* x, int64_t K, int16_t* q, float* d) {
 //  Q8_0: the int8 quants as they are; maddubs(|w|, sign(x, w)) = the w*x pairs (<= 2*127*127 < 2^15,
 //   but two would not fit int16), madd to int32 after each.
 //  MXFP4 also has a 16-row kernel (two panels): each token's broadcast k-quad feeds two maddubs.
-//   Zen 3 loads at most two vectors per cycle, and the 8-row kernel (a weight load per 3 maddubs,
-//   a broadcast per maddubs) was bound by that: 160 GFLOP/s per core; 16 rows: ~200.
+//   Zen 3 loads at most two vectors per cycle, which bounds the 8-row kernel (a weight load per 3
+//   maddubs, a broadcast per maddubs); 16 rows need fewer loads per maddubs.
 constexpr int kQ8Panel = 8;
-constexpr int kQ8Tokens = 3;  // tokens per micro-kernel call (1 core, T = 64..256: 3 -> 99-104 GFLOP/s, 4 -> 93-97)
+constexpr int kQ8Tokens = 3;  // tokens per micro-kernel call (3 measured fastest; 4 spills)
 
 // Keeps v in a register at this point of the accumulation chain. Without it GCC hoisted all the
 // maddubs of a k-loop ahead of their adds (reassociating the integer sums) and spilled the
-// partial sums to the stack: the 16-row kernel ran at 170 GFLOP/s instead of 200 (8-row: +3%).
+// partial sums to the stack (the 16-row kernel lost ~15%).
 #define HM_PIN(v) __asm__("" : "+x"(v))
 
 template <int FMT>
