@@ -1,18 +1,13 @@
 """Keeping a mapped model resident: read-ahead at load, and mlock (llama.cpp's --mlock).
 
 Expert weights are used in place from the mmap, so how their pages enter the page cache decides
-what the first prompt pays (measured on Linux 6.18, ext4, 12 GB 20b-shaped file, 2 cores):
-- The mapping is advised MADV_HUGEPAGE. Pages the kernel reads for it then come in 2 MiB folios
-  that later processes map with one fault per 2 MiB: touching the whole file costs ~6k minor
-  faults (0.06 s) instead of ~127k-185k (0.5-2.9 s) when the cache holds the small folios that
-  random expert faults or MADV_WILLNEED read-ahead leave behind.
+what the first prompt pays:
+- The mapping is advised MADV_HUGEPAGE, so pages the kernel reads for it come in 2 MiB folios that
+  later processes map with one fault per 2 MiB instead of one per 4 KiB page.
 - `prefault` walks the files with MADV_POPULATE_READ (64 MiB calls, sequential, on a background
-  thread; ctypes drops the GIL). Load + first 64-token prefill (ad-hoc script, 2 runs each):
-  cold cache 7.1-8.0 s (was 9.1 s: the disk read while the prompt computes, huge folios at up
-  to ~3.7 GB/s); warm with huge folios 3.75-3.8 s (the walk takes ~0.01 s); warm with small
-  folios 4.4 s, where leaving the pages to the prompt's own faults gave 4.9 s (204k faults on
-  the prompt's cores vs 56k). MADV_WILLNEED is no substitute: one call reads at most the
-  device's read-ahead window (8 MiB here), and what it reads comes in small folios.
+  thread; ctypes drops the GIL): from a cold cache the file streams in while the first prompt
+  computes, and the prompt's own cores take far fewer faults. MADV_WILLNEED is no substitute: one
+  call reads at most the device's read-ahead window, in small folios.
 - Only what is used from the mapping is walked: with a GPU plan, the tensors it keeps in RAM
   (the rest was copied to the device at load and is never read again).
 - A model larger than the available RAM is not walked (it would only evict itself).
