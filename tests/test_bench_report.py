@@ -113,3 +113,19 @@ def test_vs_llamacpp_finds_llama_bench_beside_llama_server(tmp_path, monkeypatch
     assert vs_llamacpp.find_llamacpp(None, None).path == str(binary)
     with pytest.raises(SystemExit, match="no executable llama-bench"):
         vs_llamacpp.find_llamacpp(str(tmp_path / "missing"), None)
+
+
+def test_a_bench_run_emits_a_record_the_report_renders(tiny_gguf, tmp_path):
+    """decode_overhead on the tiny model (a few steps): the record it writes passes the checks and
+    becomes a section of the page."""
+    out = tmp_path / "decode_overhead-2026-01-01-test.json"
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "decode_overhead.py"), "-m", tiny_gguf, "-t", "1",
+                        "--steps", "3", "--ctx", "8", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("cpu: ")
+    rec = json.loads(out.read_text())
+    assert record.check(rec) == [] and rec["source"] == "emitted by bench/decode_overhead.py"
+    assert len(rec["runs"]) == 3 and rec["rows"][0]["step_ms"] > 0
+    page = report.render_doc(report.load_records(str(tmp_path)), "# intro")
+    assert "## Python overhead of a decode step" in page and "emitted by bench/decode_overhead.py" in page
