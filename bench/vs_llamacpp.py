@@ -188,12 +188,7 @@ def child_llama_bench(binary: str, model: str, threads: int) -> dict:
     return res
 
 
-def child_hybridmoe_fast(model: str, threads: int, ctx: int) -> dict:
-    """The opt-in --fast-math mode (int8 decode activations, as llama.cpp computes)."""
-    return child_hybridmoe(model, threads, ctx, fast_math=True)
-
-
-ENGINES = ("hybridmoe", "hybridmoe-fast", "llama.cpp")
+ENGINES = ("hybridmoe", "hybridmoe-fast", "llama.cpp")  # hybridmoe-fast: --fast-math (int8 activations)
 KEYS = ["load_s", "first_prefill_s", "load_to_first_s", *(f"pp{n}" for n in PP_SIZES), f"tg{TG_TOKENS}",
         "peak_rss_gib"]
 
