@@ -16,14 +16,14 @@ import numpy as np
 
 from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
 
-QK = 32  # elements per Q8_0 / MXFP4 block
 MXFP4_LUT2 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
-_MXFP4_MAGS = np.array([0, 1, 2, 3, 4, 6, 8, 12], dtype=np.float32)  # codes 0..7 (and 8..15 negated)
+_MXFP4_MAGS = MXFP4_LUT2[:8].astype(np.float32)  # codes 0..7 (and 8..15 negated)
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.MXFP4)
 _NATIVE_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
 
 
-def _check_type(t: GGMLType | int, what: str) -> GGMLType:
+def check_type(t: GGMLType | int, what: str) -> GGMLType:
+    """`t` as a GGMLType this package decodes; ValueError naming `what` otherwise (shared by the twins)."""
     try:
         t = GGMLType(t)
     except ValueError:
@@ -62,7 +62,7 @@ def dequantize(raw: np.ndarray, t: GGMLType | int) -> np.ndarray:
 
     Stored inf/NaN scales propagate, and MXFP4 codes +-6 with e >= 254 overflow to inf, as in ggml.
     """
-    t = _check_type(t, "dequantize")
+    t = check_type(t, "dequantize")
     b = _as_blocks(raw, t)
     with np.errstate(over="ignore", invalid="ignore"):
         return _dequantize_blocks(b, t)
@@ -106,8 +106,9 @@ def _round_half_away(v: np.ndarray) -> np.ndarray:
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     """float32 [..., n] -> Q8_0 bytes [..., n/32*34]; d = amax/127, q = round(x/d) (ggml's ref)."""
-    x = _as_rows(x, GGMLType.Q8_0, QK)
-    blocks = x.reshape(x.shape[:-1] + (-1, QK))
+    qk = BLOCK_SIZES[GGMLType.Q8_0][0]
+    x = _as_rows(x, GGMLType.Q8_0, qk)
+    blocks = x.reshape(x.shape[:-1] + (-1, qk))
     d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
     with np.errstate(divide="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
@@ -122,10 +123,11 @@ def quantize_mxfp4(x: np.ndarray) -> np.ndarray:
     Shared exponent as ggml's reference: e = floor(log2(amax)) - 2 + 127 (clamped to 0..254),
     then each element goes to the nearest representable value (ties to the smaller magnitude).
     """
-    x = _as_rows(x, GGMLType.MXFP4, QK)
+    qk = BLOCK_SIZES[GGMLType.MXFP4][0]
+    x = _as_rows(x, GGMLType.MXFP4, qk)
     if not np.all(np.isfinite(x)):
         raise ValueError("quantize MXFP4: input holds NaN or inf")
-    blocks = x.reshape(-1, QK)
+    blocks = x.reshape(-1, qk)
     amax = np.abs(blocks).max(axis=-1)
     with np.errstate(divide="ignore"):
         exp = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0)
@@ -153,7 +155,7 @@ def quantize_bf16(x: np.ndarray) -> np.ndarray:
 
 def quantize(x: np.ndarray, t: GGMLType | int) -> np.ndarray:
     """float32 [..., n] -> uint8 [..., row_bytes] of type `t`."""
-    t = _check_type(t, "quantize")
+    t = check_type(t, "quantize")
     if t == GGMLType.F32:
         return np.ascontiguousarray(_as_rows(x, t, 1)).view(np.uint8)
     if t == GGMLType.F16:

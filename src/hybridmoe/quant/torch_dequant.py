@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
-from hybridmoe.quant.formats import MXFP4_LUT2, SUPPORTED
+from hybridmoe.quant.formats import MXFP4_LUT2, check_type
 
 _LUT2 = torch.tensor(MXFP4_LUT2.tolist(), dtype=torch.float32)
 _FLOAT_VIEWS = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16,
@@ -25,13 +25,7 @@ def e8m0_to_fp32_half_torch(e: torch.Tensor) -> torch.Tensor:
 
 def dequantize_torch(raw: torch.Tensor, t: GGMLType | int) -> torch.Tensor:
     """uint8 [..., row_bytes] of type `t` -> float32 [..., row_elems] (a new tensor)."""
-    try:
-        t = GGMLType(t)
-    except ValueError:
-        raise ValueError(f"dequantize_torch: unknown ggml type id {t}") from None
-    if t not in SUPPORTED:
-        raise ValueError(f"dequantize_torch: type {t.name} not supported "
-                         f"(supported: {', '.join(s.name for s in SUPPORTED)})")
+    t = check_type(t, "dequantize_torch")
     if raw.dtype != torch.uint8 or raw.dim() == 0:
         raise ValueError(f"dequantize_torch {t.name}: raw must be a uint8 tensor with a bytes "
                          f"axis, got {raw.dtype} {tuple(raw.shape)}")
