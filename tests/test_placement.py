@@ -27,17 +27,10 @@ H, V, KVW = 2880, 201088, 8 * 64  # hidden, vocab, kv width (gpt-oss.md §1)
 
 
 def _metadata(preset: str) -> dict:
-    p = PRESETS[preset]
-    return {
-        "general.architecture": ARCH, "general.name": f"sparse {preset}",
-        f"{ARCH}.block_count": p.n_layers, f"{ARCH}.context_length": p.context,
-        f"{ARCH}.embedding_length": p.hidden, f"{ARCH}.expert_feed_forward_length": p.ffn,
-        f"{ARCH}.attention.head_count": p.n_heads, f"{ARCH}.attention.head_count_kv": p.n_kv_heads,
-        f"{ARCH}.attention.key_length": p.head_dim,
-        f"{ARCH}.attention.layer_norm_rms_epsilon": 1e-5,
-        f"{ARCH}.attention.sliding_window": p.window, f"{ARCH}.expert_count": p.n_experts,
-        f"{ARCH}.expert_used_count": p.n_experts_used, f"{ARCH}.vocab_size": p.vocab,
-    }
+    """The preset's own config keys; no tokenizer in these files, so the vocab size is a key."""
+    c = PRESETS[preset].config
+    return {"general.architecture": ARCH, "general.name": f"sparse {preset}", **c.to_metadata(),
+            f"{ARCH}.vocab_size": c.vocab_size}
 
 
 @pytest.fixture(scope="module")

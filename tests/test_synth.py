@@ -3,13 +3,16 @@ opens by mmap without reading its data)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import replace
 
 import pytest
 
 from hybridmoe.cli import main
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.models.gpt_oss_config import GptOssConfig
+from hybridmoe.synth import PRESETS, synth_metadata
 
 
 def _rss_bytes() -> int:
@@ -52,3 +55,34 @@ def test_bad_arguments_are_usage_errors(tmp_path, argv):
     with pytest.raises(SystemExit) as e:
         main(["synth", *argv, "--out", str(tmp_path / "x.gguf")])
     assert e.value.code == 2
+
+
+# sha256 of files written before presets became model configs: the move must not change a byte.
+# (20b: the header region of the sparse file, whose data is a hole.)
+GOLDEN = [
+    (["--preset", "tiny"], None, "b88d1c1fa0351d4c5edb05db6c840e815d67a44f4a6b549bc3736acb45b7e272"),
+    (["--preset", "tiny", "--layers", "2", "--seed", "3"], None,
+     "04085cfa2f3d2feafde5d9b7f68fa069c1c15dbc2eacd28aed308a6d34470081"),
+    (["--preset", "20b", "--sparse"], 64 << 20, "8bd416ae2a9f3f08d6acb76214bec3fe311cccaffdf7b2096ea703fa50097884"),
+]
+
+
+@pytest.mark.parametrize("argv, prefix, digest", GOLDEN)
+def test_files_are_byte_identical_to_before(tmp_path, argv, prefix, digest):
+    path = tmp_path / "x.gguf"
+    assert main(["synth", *argv, "--out", str(path)]) == 0
+    with open(path, "rb") as f:
+        assert hashlib.sha256(f.read(prefix) if prefix else f.read()).hexdigest() == digest
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_metadata_reads_back_to_its_config(name):
+    p = PRESETS[name]
+    assert GptOssConfig.from_metadata(synth_metadata(p, 0)) == p.config
+
+
+def test_config_metadata_round_trip_off_defaults():
+    c = replace(PRESETS["tiny"].config, rope_scaling_factor=1.0, rope_original_ctx=8192,
+                yarn_beta_fast=16.0, yarn_beta_slow=2.0)
+    meta = {"general.architecture": "gpt-oss", **c.to_metadata(), "gpt-oss.vocab_size": c.vocab_size}
+    assert GptOssConfig.from_metadata(meta) == c

@@ -16,33 +16,41 @@ import numpy as np
 
 from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
 from hybridmoe.gguf.writer import TensorSpec, write_gguf
+from hybridmoe.models.gpt_oss_config import (
+    ARCH,
+    DEFAULT_YARN_BETA_FAST,
+    DEFAULT_YARN_BETA_SLOW,
+    GptOssConfig,
+)
 
-ARCH = "gpt-oss"
 
 
 @dataclass(frozen=True)
 class Preset:
-    n_layers: int
-    hidden: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    n_experts: int
-    n_experts_used: int
-    ffn: int
-    vocab: int
-    context: int
-    window: int
-    dense_type: GGMLType
-    name: str
+    """A synthetic model: its shape as the loader reads it back, plus what only synth chooses."""
 
+    config: GptOssConfig
+    dense_type: GGMLType  # attention, embedding and output head weights (experts are MXFP4)
+    name: str  # general.name
+
+
+# The released models' shape (docs/gpt-oss.md); the 120b differs in layers and experts only.
+_GPT_OSS_20B = GptOssConfig(
+    n_layers=24, hidden=2880, n_heads=64, n_kv_heads=8, head_dim=64, n_experts=32, n_experts_used=4,
+    expert_ffn=2880, vocab_size=201088, context_length=131072, sliding_window=128, rms_eps=1e-5,
+    rope_theta=150000.0, rope_scaling_factor=32.0, rope_original_ctx=4096,
+    yarn_beta_fast=DEFAULT_YARN_BETA_FAST, yarn_beta_slow=DEFAULT_YARN_BETA_SLOW,
+)
 
 PRESETS: dict[str, Preset] = {
     # Tiny: every structural feature (GQA groups of 4, both layer kinds, 8 experts, YaRN) at
     # shapes that run in milliseconds. The small window lets short tests cross it.
-    "tiny": Preset(4, 64, 8, 2, 16, 8, 2, 64, 1024, 4096, 16, GGMLType.Q8_0, "Synthetic gpt-oss tiny"),
-    "20b": Preset(24, 2880, 64, 8, 64, 32, 4, 2880, 201088, 131072, 128, GGMLType.Q8_0, "Synthetic gpt-oss 20b"),
-    "120b": Preset(36, 2880, 64, 8, 64, 128, 4, 2880, 201088, 131072, 128, GGMLType.Q8_0, "Synthetic gpt-oss 120b"),
+    "tiny": Preset(replace(_GPT_OSS_20B, n_layers=4, hidden=64, n_heads=8, n_kv_heads=2, head_dim=16,
+                           n_experts=8, n_experts_used=2, expert_ffn=64, vocab_size=1024,
+                           context_length=4096, sliding_window=16),
+                   GGMLType.Q8_0, "Synthetic gpt-oss tiny"),
+    "20b": Preset(_GPT_OSS_20B, GGMLType.Q8_0, "Synthetic gpt-oss 20b"),
+    "120b": Preset(replace(_GPT_OSS_20B, n_layers=36, n_experts=128), GGMLType.Q8_0, "Synthetic gpt-oss 120b"),
 }
 
 _CHUNK_ROWS_BYTES = 64 << 20  # generate at most ~64 MiB at a time: bounded RAM for 12 GB files
@@ -68,7 +76,7 @@ def _random_blocks(rng: np.random.Generator, t: GGMLType, n_rows: int, row_elems
         out = np.empty((n_rows, nblk, bb), dtype=np.uint8)
         d = np.float16(std * np.sqrt(3.0) / 127.0)  # uniform int8 has RMS 127/sqrt(3)
         out[:, :, 0:2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
-        out[:, :, 2:] = rng.integers(-127, 128, size=(n_rows, nblk, 32), dtype=np.int8).view(np.uint8)
+        out[:, :, 2:] = rng.integers(-127, 128, size=(n_rows, nblk, be), dtype=np.int8).view(np.uint8)
         return out.reshape(n_rows, nblk * bb)
     if t == GGMLType.F32:
         return rng.normal(0.0, std, size=(n_rows, row_elems)).astype(np.float32)
@@ -99,12 +107,14 @@ def _tensor(
 
 
 def synth_tensors(p: Preset, seed: int, sparse: bool) -> list[TensorSpec]:
-    H, D, E, I, V = p.hidden, p.head_dim, p.n_experts, p.ffn, p.vocab
-    q, kv = p.n_heads * D, p.n_kv_heads * D
+    """Every tensor of a gpt-oss GGUF of the preset's shape, in llama.cpp's names and order."""
+    c = p.config
+    H, D, E, I, V = c.hidden, c.head_dim, c.n_experts, c.expert_ffn, c.vocab_size
+    q, kv = c.n_heads * D, c.n_kv_heads * D
     F32 = GGMLType.F32
     w = 1.0 / np.sqrt(H)  # keeps activations O(1) through the random layers
     specs = [_tensor("token_embd.weight", p.dense_type, (H, V), seed, 1.0, sparse)]
-    for i in range(p.n_layers):
+    for i in range(c.n_layers):
         b = f"blk.{i}."
         specs += [
             _tensor(b + "attn_norm.weight", F32, (H,), seed, 0.05, sparse, mean=1.0),
@@ -116,7 +126,7 @@ def synth_tensors(p: Preset, seed: int, sparse: bool) -> list[TensorSpec]:
             _tensor(b + "attn_v.bias", F32, (kv,), seed, 0.02, sparse),
             _tensor(b + "attn_output.weight", p.dense_type, (q, H), seed, 1.0 / np.sqrt(q), sparse),
             _tensor(b + "attn_output.bias", F32, (H,), seed, 0.02, sparse),
-            _tensor(b + "attn_sinks.weight", F32, (p.n_heads,), seed, 1.0, sparse),
+            _tensor(b + "attn_sinks.weight", F32, (c.n_heads,), seed, 1.0, sparse),
             _tensor(b + "post_attention_norm.weight", F32, (H,), seed, 0.05, sparse, mean=1.0),
             _tensor(b + "ffn_gate_inp.weight", F32, (H, E), seed, w, sparse),
             _tensor(b + "ffn_gate_inp.bias", F32, (E,), seed, 0.1, sparse),
@@ -135,6 +145,7 @@ def synth_tensors(p: Preset, seed: int, sparse: bool) -> list[TensorSpec]:
 
 
 def synth_metadata(p: Preset, seed: int) -> dict:
+    """The file's metadata: general.*, the config's own keys, then the synthetic vocabulary."""
     from hybridmoe.tokenizer.synthetic import make_vocab
 
     meta = {
@@ -144,25 +155,10 @@ def synth_metadata(p: Preset, seed: int) -> dict:
         "general.description": "random weights written by `hybridmoe synth`; not a trained model",
         "general.file_type": 38,
         "general.quantization_version": 2,
-        f"{ARCH}.block_count": p.n_layers,
-        f"{ARCH}.context_length": p.context,
-        f"{ARCH}.embedding_length": p.hidden,
-        f"{ARCH}.feed_forward_length": p.ffn,
-        f"{ARCH}.expert_feed_forward_length": p.ffn,
-        f"{ARCH}.attention.head_count": p.n_heads,
-        f"{ARCH}.attention.head_count_kv": p.n_kv_heads,
-        f"{ARCH}.attention.key_length": p.head_dim,
-        f"{ARCH}.attention.value_length": p.head_dim,
-        f"{ARCH}.attention.layer_norm_rms_epsilon": 1e-5,
-        f"{ARCH}.attention.sliding_window": p.window,
-        f"{ARCH}.expert_count": p.n_experts,
-        f"{ARCH}.expert_used_count": p.n_experts_used,
-        f"{ARCH}.rope.freq_base": 150000.0,
-        f"{ARCH}.rope.scaling.type": "yarn",
-        f"{ARCH}.rope.scaling.factor": 32.0,
-        f"{ARCH}.rope.scaling.original_context_length": 4096,
+        **p.config.to_metadata(),
     }
-    meta.update(make_vocab(p.vocab, seed, "20b" if p.vocab == 201088 else "tiny"))
+    vocab = p.config.vocab_size
+    meta.update(make_vocab(vocab, seed, "20b" if vocab == _GPT_OSS_20B.vocab_size else "tiny"))
     return meta
 
 
@@ -182,6 +178,6 @@ def write_synthetic(
     if n_layers is not None:
         if n_layers < 1:
             raise ValueError("--layers must be at least 1")
-        p = replace(p, n_layers=n_layers)
+        p = replace(p, config=replace(p.config, n_layers=n_layers))
     write_gguf(path, synth_metadata(p, seed), synth_tensors(p, seed, sparse), sparse=sparse)
     return str(path)

@@ -7,8 +7,10 @@ import time
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from hybridmoe.synth import PRESETS
+
     p = sub.add_parser("synth", help="write a synthetic gpt-oss GGUF (random seeded weights)")
-    p.add_argument("--preset", choices=["tiny", "20b", "120b"], default="tiny")
+    p.add_argument("--preset", choices=list(PRESETS), default="tiny")
     p.add_argument("--out", required=True, help="output .gguf path")
     p.add_argument("--layers", type=int, default=None, help="override the layer count")
     p.add_argument("--seed", type=int, default=0)

@@ -16,6 +16,7 @@ SWIGLU_ALPHA = 1.702  # hard-coded in every implementation; no GGUF key carries 
 SWIGLU_LIMIT = 7.0
 DEFAULT_YARN_BETA_FAST = 32.0
 DEFAULT_YARN_BETA_SLOW = 1.0
+DEFAULT_ROPE_ORIGINAL_CTX = 4096
 # Far above any real model (gpt-oss-120b: 36 layers, width 2880, 128 experts, 201k vocab); a
 # larger value is a damaged file, refused before it sizes an allocation.
 MAX_LAYERS = 4096
@@ -56,12 +57,6 @@ class GptOssConfig:
     def layer_is_sliding(layer: int) -> bool:
         # Even layers slide (0, 2, 4, ...); llama.cpp and the reference hard-code this pattern.
         return layer % 2 == 0
-
-    @property
-    def kv_bytes_per_token_full(self) -> int:
-        """K+V bytes per token over the full-attention layers at 2 bytes per value."""
-        n_full = sum(not self.layer_is_sliding(i) for i in range(self.n_layers))
-        return n_full * self.n_kv_heads * self.head_dim * 2 * 2
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], source: str = "model metadata") -> "GptOssConfig":
@@ -109,7 +104,40 @@ class GptOssConfig:
             rms_eps=m.float("attention.layer_norm_rms_epsilon"),
             rope_theta=m.float("rope.freq_base", 10000.0, above=1.0),  # log(base) divides
             rope_scaling_factor=factor,
-            rope_original_ctx=m.int("rope.scaling.original_context_length", 4096),
+            rope_original_ctx=m.int("rope.scaling.original_context_length", DEFAULT_ROPE_ORIGINAL_CTX),
             yarn_beta_fast=beta_fast,
             yarn_beta_slow=beta_slow,
         )
+
+    def to_metadata(self) -> dict[str, Any]:
+        """The `gpt-oss.*` keys `from_metadata` reads back to this config (synthetic files, tests).
+
+        Keys at their defaults (YaRN betas) are left out as in released files; the vocabulary
+        size comes from the tokenizer's token list, so it is not written either."""
+        p = f"{ARCH}."
+        meta: dict[str, Any] = {
+            p + "block_count": self.n_layers,
+            p + "context_length": self.context_length,
+            p + "embedding_length": self.hidden,
+            p + "feed_forward_length": self.expert_ffn,
+            p + "expert_feed_forward_length": self.expert_ffn,
+            p + "attention.head_count": self.n_heads,
+            p + "attention.head_count_kv": self.n_kv_heads,
+            p + "attention.key_length": self.head_dim,
+            p + "attention.value_length": self.head_dim,
+            p + "attention.layer_norm_rms_epsilon": self.rms_eps,
+            p + "attention.sliding_window": self.sliding_window,
+            p + "expert_count": self.n_experts,
+            p + "expert_used_count": self.n_experts_used,
+            p + "rope.freq_base": self.rope_theta,
+        }
+        if self.rope_scaling_factor != 1.0:
+            meta[p + "rope.scaling.type"] = "yarn"
+            meta[p + "rope.scaling.factor"] = self.rope_scaling_factor
+        if self.rope_scaling_factor != 1.0 or self.rope_original_ctx != DEFAULT_ROPE_ORIGINAL_CTX:
+            meta[p + "rope.scaling.original_context_length"] = self.rope_original_ctx
+        if self.yarn_beta_fast != DEFAULT_YARN_BETA_FAST:
+            meta[p + "rope.scaling.yarn_beta_fast"] = self.yarn_beta_fast
+        if self.yarn_beta_slow != DEFAULT_YARN_BETA_SLOW:
+            meta[p + "rope.scaling.yarn_beta_slow"] = self.yarn_beta_slow
+        return meta

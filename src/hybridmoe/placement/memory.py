@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Protocol
+
+from hybridmoe.models.gpt_oss_config import GptOssConfig
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -25,22 +26,8 @@ ATTN_KEY_BLOCK = 1024
 VRAM_MARGIN_BYTES = 1024 * MIB
 
 
-class ModelShape(Protocol):
-    """What placement needs from a model config (GptOssConfig has all of it)."""
-
-    n_layers: int
-    hidden: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    n_experts: int
-    n_experts_used: int
-    expert_ffn: int
-    vocab_size: int
-    context_length: int
-    sliding_window: int
-
-    def layer_is_sliding(self, layer: int) -> bool: ...
+# The shape placement sizes things from is the model config itself (one name per fact).
+ModelShape = GptOssConfig
 
 
 def kv_bytes_per_token(cfg: ModelShape, kv_dtype_bytes: float) -> float:
