@@ -35,9 +35,18 @@ class ServerProcess:
     base_url: str  # http://127.0.0.1:PORT
     api_key: str | None
     log_path: Path
+    script_path: Path | None = None  # started through tests/server/scripted_serve.py
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def script(self, *replies: str) -> None:
+        """The next accepted requests' outputs, one harmony text per request, in order; none
+        clears what is left."""
+        from tests.server.scripted_serve import write_scripts
+
+        assert self.script_path is not None, "this server was not started with scripted replies"
+        write_scripts(self.script_path, list(replies))
 
     def request(self, method: str, path: str, body: object | bytes | None = None,
                 headers: dict[str, str] | None = None, key: str | None = "default") -> tuple[int, dict | str]:
@@ -60,17 +69,22 @@ class ServerProcess:
 
 
 def start_server(model: str, args: list[str], log_path: Path, api_key: str | None,
-                 launcher: list[str] | None = None) -> ServerProcess:
-    """launcher: what runs `serve ARGS` (default `python -m hybridmoe.cli`; tests/ seams wrap it)."""
+                 script_path: Path | None = None) -> ServerProcess:
+    """script_path: replies scripted from this file (`ServerProcess.script`), else plain
+    `python -m hybridmoe.cli serve`."""
+    from tests.server.scripted_serve import launcher as scripted_launcher
+
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launcher = launcher or [sys.executable, "-m", "hybridmoe.cli"]
+    if script_path is not None:
+        script_path.write_text("[]")
+    launcher = scripted_launcher(script_path) if script_path else [sys.executable, "-m", "hybridmoe.cli"]
     cmd = [*launcher, "serve", "-m", model, *args, "--port", str(port)]
     if "--host" not in args:
         cmd += ["--host", "127.0.0.1"]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    srv = ServerProcess(proc, f"http://127.0.0.1:{port}", api_key, log_path)
+    srv = ServerProcess(proc, f"http://127.0.0.1:{port}", api_key, log_path, script_path)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -109,12 +123,11 @@ LLAMA_LINE = ["--n-cpu-moe", "36", "--n-gpu-layers", "999", "-c", "0", "-fa", "-
 @pytest.fixture(scope="session")
 def server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One server per session (startup dominates test time): the llama-server line plus metrics,
-    an alias, small prompt batches (chunked prefill), a bounded queue and the forced-output hook.
+    an alias, small prompt batches (chunked prefill), a bounded queue and scripted replies.
     Tiny model: context 4096 split over 4 slots = 1024 tokens each."""
-    log_path = tmp_path_factory.mktemp("logs") / "server.log"
-    extra = ["--metrics", "-np", "4", "-b", "64", "-a", "tiny-test", "--max-queue", "16", "-t", "1",
-             "--test-hooks"]
-    srv = start_server(served_model, LLAMA_LINE + extra, log_path, API_KEY)
+    logs = tmp_path_factory.mktemp("logs")
+    extra = ["--metrics", "-np", "4", "-b", "64", "-a", "tiny-test", "--max-queue", "16", "-t", "1"]
+    srv = start_server(served_model, LLAMA_LINE + extra, logs / "server.log", API_KEY, logs / "script.json")
     yield srv
     stop_server(srv)
 
@@ -132,28 +145,23 @@ def client(server: ServerProcess):
     return OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
 
-@dataclass
-class ScriptedServer:
-    """A server whose replies come from `script(...)` (tests/server/scripted_serve.py)."""
-
-    srv: ServerProcess
-    script_path: Path
-
-    def script(self, *replies: str) -> None:
-        """The next requests' outputs, one harmony text per request, in order."""
-        from tests.server.scripted_serve import write_scripts
-
-        write_scripts(self.script_path, list(replies))
-
-
 @pytest.fixture(scope="session")
-def scripted_server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedServer]:
+def scripted_server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The tiny model behind `hybridmoe serve --api-key dummy -np 2`, replies scripted per request."""
     tmp = tmp_path_factory.mktemp("scripted")
-    script = tmp / "script.json"
-    script.write_text("[]")
-    launcher = [sys.executable, str(Path(__file__).with_name("scripted_serve.py")), str(script)]
     args = ["--api-key", API_KEY, "-np", "2", "-t", "1", "-a", "tiny-test"]
-    srv = start_server(served_model, args, tmp / "server.log", API_KEY, launcher=launcher)
-    yield ScriptedServer(srv, script)
+    srv = start_server(served_model, args, tmp / "server.log", API_KEY, tmp / "script.json")
+    yield srv
     stop_server(srv)
+
+
+# Servers whose scripts a test may leave unconsumed (a failure midway): cleared after each test.
+SCRIPTED_FIXTURES = ("server", "scripted_server", "flagged")
+
+
+@pytest.fixture(autouse=True)
+def _clear_scripts(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    for name in SCRIPTED_FIXTURES:
+        if name in request.fixturenames:
+            request.getfixturevalue(name).script()

@@ -171,7 +171,6 @@ BAD_BODIES = [
     ("n zero", {"model": "tiny-test", "messages": MSGS, "n": 0}, 400),
     ("temperature out of range", {"model": "tiny-test", "messages": MSGS, "temperature": 9}, 400),
     ("prompt too long", {"model": "tiny-test", "messages": [{"role": "user", "content": "word " * 1500}]}, 400),
-    ("forced output not a string", {"model": "tiny-test", "messages": MSGS, "test_forced_output": 5}, 400),
     ("bad reasoning format", {"model": "tiny-test", "messages": MSGS, "reasoning_format": "loud"}, 400),
     ("image content", {"model": "tiny-test", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400),
@@ -214,10 +213,10 @@ def test_bad_input_other_endpoints(server, client, method, path, body):
     assert client.completions.create(model="tiny-test", prompt="ok", max_tokens=1).choices
 
 
-def test_huge_max_tokens_is_clamped_to_the_context(client):
-    # Forced short output keeps the test bounded; what matters is that 10**9 is accepted.
-    r = client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=10**9,
-                                       extra_body={"test_forced_output": "Hi<|return|>"})
+def test_huge_max_tokens_is_clamped_to_the_context(client, server):
+    # A scripted short reply keeps the test bounded; what matters is that 10**9 is accepted.
+    server.script("Hi<|return|>")
+    r = client.chat.completions.create(model="tiny-test", messages=MSGS, max_tokens=10**9)
     assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == "Hi"
 
 

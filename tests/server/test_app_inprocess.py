@@ -162,7 +162,7 @@ def test_chat_template_file_overrides_the_gguf_template(served_llm, served_model
         assert body["usage"]["prompt_tokens"] == len(served_llm.tokenize("[user] Hello\n<|start|>assistant"))
 
 
-def test_several_api_keys_metrics_off_and_no_test_hooks(make_serving):
+def test_several_api_keys_and_metrics_off(make_serving):
     state = ServerState(api_keys=["k1", "k2"], serving=make_serving())  # metrics_enabled: False
     with InProcess(state) as srv:
         assert srv.request("GET", "/v1/models")[0] == 401
@@ -174,8 +174,3 @@ def test_several_api_keys_metrics_off_and_no_test_hooks(make_serving):
         status, body = srv.request("GET", "/metrics", headers={"Authorization": "Bearer k1"})
         assert status == 501 and body["error"]["type"] == "not_supported_error"
         assert "--metrics" in body["error"]["message"]
-        # The forced-output test hook is refused unless the server was started with --test-hooks.
-        status, body = srv.request("POST", "/v1/chat/completions",
-                                   {"messages": MSGS, "max_tokens": 2, "test_forced_output": "Hi"},
-                                   headers={"Authorization": "Bearer k1"})
-        assert status == 400 and "--test-hooks" in body["error"]["message"]

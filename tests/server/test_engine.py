@@ -10,6 +10,8 @@ import pytest
 from hybridmoe.engine.engine import Engine, GenerationRequest, QueueFullError
 from hybridmoe.engine.sampling import SamplingParams
 
+from .scripted_serve import script_request, scripted_sampling
+
 
 @pytest.fixture
 def llm(served_llm):
@@ -106,11 +108,13 @@ def test_bad_requests_raise(engine):
         engine.submit(GenerationRequest([1, 2], greedy(0)))
 
 
-def test_logprobs_and_forced_tokens(llm, engine):
+def test_logprobs_and_scripted_tokens(llm, engine, monkeypatch):
+    scripted_sampling(monkeypatch)  # the tests-only seam: these ids replace the first samples
     p = prompts(llm, 1)[0]
     forced = llm.tokenize("forced text")
-    events = list(engine.submit(GenerationRequest(p, greedy(len(forced) + 2, ignore_eos=True),
-                                                  logprobs=3, forced_tokens=forced)))
+    req = GenerationRequest(p, greedy(len(forced) + 2, ignore_eos=True), logprobs=3)
+    script_request(req.request_id, forced)
+    events = list(engine.submit(req))
     toks = tokens_of(events)
     assert toks[: len(forced)] == forced
     lps = [e.logprob for e in events if e.logprob is not None]

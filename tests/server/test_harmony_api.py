@@ -1,9 +1,9 @@
 """Reasoning split and tool calls through the real server.
 
-A random model never writes harmony markup, so these requests use the server's test hook
-(`serve --test-hooks` + request field `test_forced_output`): the model still runs every step, but
-the engine emits the given tokens instead of sampled ones. Everything after the engine (harmony
-parsing, deltas, tool_calls, finish_reason, usage) is the production path.
+A random model never writes harmony markup, so these replies are scripted (the tests-only seam of
+tests/server/scripted_serve.py): the model still runs every step, but the runner emits the given
+tokens instead of sampled ones. Everything after the runner (harmony parsing, deltas, tool_calls,
+finish_reason, usage) is the production path.
 """
 
 from __future__ import annotations
@@ -23,12 +23,16 @@ TOOLS = [{"type": "function", "function": {
 USER = [{"role": "user", "content": "Hi!"}]
 
 
-def ask(client, forced: str, fmt: str | None = None, **kw):
-    extra = {"test_forced_output": forced}
-    if fmt is not None:
-        extra["reasoning_format"] = fmt
-    return client.chat.completions.create(model="tiny-test", messages=kw.pop("messages", USER), max_tokens=64,
-                                          temperature=0, extra_body=extra, **kw)
+@pytest.fixture
+def ask(client, server):
+    """A chat request whose reply is `scripted` (one harmony text), in reasoning format `fmt`."""
+    def ask(scripted: str, fmt: str | None = None, **kw):
+        server.script(scripted)
+        extra = {} if fmt is None else {"reasoning_format": fmt}
+        return client.chat.completions.create(model="tiny-test", messages=kw.pop("messages", USER),
+                                              max_tokens=64, temperature=0, extra_body=extra, **kw)
+
+    return ask
 
 
 def test_server_started_from_the_llama_server_line(server):
@@ -36,16 +40,16 @@ def test_server_started_from_the_llama_server_line(server):
     assert f"listening on {server.base_url}" in log
 
 
-def test_reasoning_format_none_returns_raw_harmony(client):
-    r = ask(client, REASONED)  # the server runs with --reasoning-format none
+def test_reasoning_format_none_returns_raw_harmony(ask):
+    r = ask(REASONED)  # the server runs with --reasoning-format none
     msg = r.choices[0].message
     assert msg.content == REASONED.removesuffix("<|return|>")
     assert msg.model_extra.get("reasoning_content") is None
     assert r.choices[0].finish_reason == "stop"
 
 
-def test_reasoning_format_auto_splits_channels(client, server):
-    r = ask(client, REASONED, "auto")
+def test_reasoning_format_auto_splits_channels(ask, server):
+    r = ask(REASONED, "auto")
     msg = r.choices[0].message
     assert msg.content == "Hello there!"
     assert msg.model_extra["reasoning_content"] == "The user greets me."
@@ -54,8 +58,8 @@ def test_reasoning_format_auto_splits_channels(client, server):
     assert r.usage.completion_tokens == len(tok["tokens"])  # the stop token <|return|> included
 
 
-def test_reasoning_format_auto_streams_reasoning_then_content(client):
-    chunks = list(ask(client, REASONED, "auto", stream=True))
+def test_reasoning_format_auto_streams_reasoning_then_content(ask):
+    chunks = list(ask(REASONED, "auto", stream=True))
     kinds, reasoning, content = [], "", ""
     for c in chunks:
         if not c.choices:
@@ -73,8 +77,8 @@ def test_reasoning_format_auto_streams_reasoning_then_content(client):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-def test_tool_call_parsed(client):
-    r = ask(client, TOOL_CALL, "auto", tools=TOOLS)
+def test_tool_call_parsed(ask):
+    r = ask(TOOL_CALL, "auto", tools=TOOLS)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -84,10 +88,10 @@ def test_tool_call_parsed(client):
     assert not choice.message.content
 
 
-def test_tool_call_streamed(client):
+def test_tool_call_streamed(ask):
     calls: dict[int, dict] = {}
     finish = None
-    for c in ask(client, TOOL_CALL, "auto", tools=TOOLS, stream=True):
+    for c in ask(TOOL_CALL, "auto", tools=TOOLS, stream=True):
         if not c.choices:
             continue
         for tc in c.choices[0].delta.tool_calls or []:
@@ -104,8 +108,8 @@ def test_tool_call_streamed(client):
     assert json.loads(calls[0]["arguments"]) == {"city": "Paris"}
 
 
-def test_tool_result_turn_accepted(client, server):
-    first = ask(client, TOOL_CALL, "auto", tools=TOOLS).choices[0].message
+def test_tool_result_turn_accepted(ask, server):
+    first = ask(TOOL_CALL, "auto", tools=TOOLS).choices[0].message
     call = first.tool_calls[0]
     history = USER + [
         {"role": "assistant", "content": None, "reasoning_content": "Need the weather.",
@@ -113,7 +117,7 @@ def test_tool_result_turn_accepted(client, server):
                          "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
         {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21}'},
     ]
-    r = ask(client, REASONED, "auto", tools=TOOLS, messages=history)
+    r = ask(REASONED, "auto", tools=TOOLS, messages=history)
     assert r.choices[0].message.content == "Hello there!"
     status, body = server.request("POST", "/apply-template", {"messages": history, "tools": TOOLS})
     assert status == 200
@@ -145,18 +149,18 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 TOOLS2 = TOOLS + [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
 
 
-def _prompt_tokens(client, **kw) -> int:
-    return ask(client, "x<|return|>", "auto", **kw).usage.prompt_tokens
+def _prompt_tokens(ask, **kw) -> int:
+    return ask("x<|return|>", "auto", **kw).usage.prompt_tokens
 
 
 @pytest.mark.parametrize("choice,forced", [
     (NAMED, '{"city": "Paris"}<|call|>'),  # header forced up to <|message|>: the model writes the args
     ("required", '.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'),  # and the name
 ])
-def test_tool_choice_forces_a_tool_call(client, server, choice, forced):
+def test_tool_choice_forces_a_tool_call(ask, server, choice, forced):
     """tool_choice named / 'required' puts the harmony tool-call header after the prompt's
     <|start|>assistant, so the reply must be a call; the header's tokens count as prompt tokens."""
-    r = ask(client, forced, "auto", tools=TOOLS2, tool_choice=choice)
+    r = ask(forced, "auto", tools=TOOLS2, tool_choice=choice)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls"
     (call,) = c.message.tool_calls
@@ -165,12 +169,12 @@ def test_tool_choice_forces_a_tool_call(client, server, choice, forced):
     header = ("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" if choice == NAMED
               else "<|channel|>commentary to=functions")
     _, tok = server.request("POST", "/tokenize", {"content": header})
-    assert r.usage.prompt_tokens == _prompt_tokens(client, tools=TOOLS2) + len(tok["tokens"])
+    assert r.usage.prompt_tokens == _prompt_tokens(ask, tools=TOOLS2) + len(tok["tokens"])
 
 
-def test_tool_choice_named_streams_the_call(client):
+def test_tool_choice_named_streams_the_call(ask):
     calls, finish = {}, None
-    for ch in ask(client, '{"city": "Oslo"}<|call|>', "auto", tools=TOOLS2, tool_choice=NAMED, stream=True):
+    for ch in ask('{"city": "Oslo"}<|call|>', "auto", tools=TOOLS2, tool_choice=NAMED, stream=True):
         if not ch.choices:
             continue
         for tc in ch.choices[0].delta.tool_calls or []:
@@ -181,8 +185,8 @@ def test_tool_choice_named_streams_the_call(client):
     assert finish == "tool_calls" and calls == {0: {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
 
 
-def test_tool_choice_named_raw_format_shows_the_header(client):
-    r = ask(client, '{"city": "Paris"}<|call|>', tools=TOOLS2, tool_choice=NAMED)  # server default: none
+def test_tool_choice_named_raw_format_shows_the_header(ask):
+    r = ask('{"city": "Paris"}<|call|>', tools=TOOLS2, tool_choice=NAMED)  # server default: none
     assert r.choices[0].message.content == ('<|channel|>commentary to=functions.get_weather <|constrain|>json'
                                             '<|message|>{"city": "Paris"}')
 

@@ -81,8 +81,8 @@ def test_native_stop_types_and_word(server):
     _, stopped = server.request("POST", "/completion", {"prompt": "Hello", "n_predict": 12, "stop": [word], **GREEDY})
     assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word
     assert stopped["content"] == text[: text.index(word)]
-    _, eos = server.request("POST", "/completion", {"prompt": "Hello", "n_predict": 20, "temperature": 0,
-                                                    "test_forced_output": "Hi<|return|>"})
+    server.script("Hi<|return|>")
+    _, eos = server.request("POST", "/completion", {"prompt": "Hello", "n_predict": 20, "temperature": 0})
     assert eos["stop_type"] == "eos" and eos["content"] == "Hi"
 
 
@@ -219,9 +219,9 @@ def test_continue_final_message_rules(server):
     # A trailing assistant message alone is continued (llama-server's prefill), not answered.
     _, auto = server.request("POST", "/apply-template", {"messages": msgs})
     assert auto["prompt"] == r["prompt"]
+    server.script(" cat<|return|>")
     status, chat = server.request("POST", "/v1/chat/completions", {
-        "messages": msgs, "max_tokens": 3, "temperature": 0, "reasoning_format": "auto",
-        "test_forced_output": " cat<|return|>"})
+        "messages": msgs, "max_tokens": 3, "temperature": 0, "reasoning_format": "auto"})
     assert status == 200 and chat["choices"][0]["message"]["content"] == " cat"  # only the continuation
 
 
@@ -308,12 +308,13 @@ def test_public_routes_with_api_key(server):
 @pytest.fixture(scope="module")
 def flagged(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Two slots; --seed, aliases and tags, -n, --verbose, --no-slots, --reasoning off, --swa-full,
-    --context-shift, a CORS allow-list, and both loopback addresses."""
-    log = tmp_path_factory.mktemp("logs") / "flagged.log"
+    --context-shift, a CORS allow-list, and both loopback addresses; replies can be scripted."""
+    logs = tmp_path_factory.mktemp("logs")
     srv = start_server(served_model, [
         "-np", "2", "-t", "1", "--seed", "42", "--alias", "tiny-b,tiny-a", "--tags", "small,test", "-n", "5",
         "--verbose", "--no-slots", "--reasoning", "off", "--swa-full", "--context-shift",
-        "--cors-origins", "http://good.example", "--host", "127.0.0.1,::1", "--test-hooks"], log, None)
+        "--cors-origins", "http://good.example", "--host", "127.0.0.1,::1"], logs / "flagged.log", None,
+        logs / "script.json")
     yield srv
     stop_server(srv)
 
@@ -341,11 +342,12 @@ def test_flags_no_slots_and_context_shift(flagged):
 
 
 def test_flag_reasoning_off_skips_the_analysis_channel(flagged):
+    flagged.script("Hi<|return|>", "Hi<|return|>")
     _, r = flagged.request("POST", "/v1/chat/completions", {
-        "messages": MSGS, "max_tokens": 4, "reasoning_format": "none", "test_forced_output": "Hi<|return|>"})
+        "messages": MSGS, "max_tokens": 4, "reasoning_format": "none"})
     assert r["choices"][0]["message"]["content"] == "<|channel|>final<|message|>Hi"
     _, r = flagged.request("POST", "/v1/chat/completions", {
-        "messages": MSGS, "max_tokens": 4, "reasoning_format": "none", "test_forced_output": "Hi<|return|>",
+        "messages": MSGS, "max_tokens": 4, "reasoning_format": "none",
         "chat_template_kwargs": {"enable_thinking": True}})
     assert r["choices"][0]["message"]["content"] == "Hi"  # the request turned thinking back on
 

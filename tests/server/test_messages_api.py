@@ -21,11 +21,11 @@ USER = [{"role": "user", "content": "Weather in Paris?"}]
 def client(scripted_server):
     scripted_server.script()  # nothing left over from a failed test
     # The SDK sends the key as `x-api-key`.
-    return anthropic.Anthropic(base_url=scripted_server.srv.base_url, api_key=API_KEY, max_retries=0, timeout=60)
+    return anthropic.Anthropic(base_url=scripted_server.base_url, api_key=API_KEY, max_retries=0, timeout=60)
 
 
 def test_analysis_and_final_become_thinking_and_text_blocks(client, scripted_server):
-    srv = scripted_server.srv
+    srv = scripted_server
     scripted_server.script(REASONED)
     m = client.messages.create(model="tiny-test", max_tokens=64, system="Be brief.",
                                messages=[{"role": "user", "content": "Hi!"}], thinking={"type": "enabled",
@@ -60,11 +60,11 @@ def test_stream_follows_the_documented_event_sequence(client, scripted_server):
     assert starts == ["thinking", "text"]
     assert [b.type for b in final.content] == ["thinking", "text"]
     assert final.content[0].thinking == "The user greets me." and final.content[1].text == "Hello there!"
-    assert final.stop_reason == "end_turn" and final.usage.output_tokens == n_tokens(scripted_server.srv, REASONED)
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == n_tokens(scripted_server, REASONED)
 
 
 def test_tool_use_round_trip(client, scripted_server):
-    srv = scripted_server.srv
+    srv = scripted_server
     scripted_server.script(TOOL_CALL, ANSWER)
     m1 = client.messages.create(model="tiny-test", max_tokens=64, messages=USER, tools=TOOLS)
     assert m1.stop_reason == "tool_use"
@@ -122,10 +122,10 @@ def test_errors_take_anthropics_shape(client, scripted_server):
     body = e.value.body
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "tools[0] has type 'web_search_20250305'" in body["error"]["message"]
-    status, out = scripted_server.srv.request("POST", "/v1/messages", {"model": "tiny-test", "messages": USER})
+    status, out = scripted_server.request("POST", "/v1/messages", {"model": "tiny-test", "messages": USER})
     assert status == 400 and out["type"] == "error" and "max_tokens" in out["error"]["message"], out
     with pytest.raises(anthropic.AuthenticationError) as e:
-        anthropic.Anthropic(base_url=scripted_server.srv.base_url, api_key="wrong", max_retries=0).messages.create(
+        anthropic.Anthropic(base_url=scripted_server.base_url, api_key="wrong", max_retries=0).messages.create(
             model="tiny-test", max_tokens=8, messages=USER)
     assert e.value.body["error"]["type"] == "authentication_error"
     # Any model name is served (as llama-server does; clients hard-code names).
@@ -139,7 +139,7 @@ def test_errors_take_anthropics_shape(client, scripted_server):
     ({"temperature": 1.5}, "temperature"),
 ])
 def test_refused_requests_name_the_field(scripted_server, body, words):
-    status, out = scripted_server.srv.request(
+    status, out = scripted_server.request(
         "POST", "/v1/messages", {"model": "tiny-test", "max_tokens": 8, "messages": USER, **body})
     assert status == 400 and out["error"]["type"] == "invalid_request_error", out
     assert words in out["error"]["message"], out

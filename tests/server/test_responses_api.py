@@ -23,11 +23,11 @@ def client(scripted_server):
     from openai import OpenAI
 
     scripted_server.script()  # nothing left over from a failed test
-    return OpenAI(base_url=scripted_server.srv.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    return OpenAI(base_url=scripted_server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
 
 def test_analysis_and_final_become_reasoning_and_message_items(client, scripted_server):
-    srv = scripted_server.srv
+    srv = scripted_server
     scripted_server.script(REASONED)
     r = client.responses.create(model="tiny-test", input="Hi!", max_output_tokens=64, temperature=0)
     assert r.status == "completed" and r.object == "response" and r.id.startswith("resp_")
@@ -68,7 +68,7 @@ def test_stream_follows_the_documented_event_sequence(client, scripted_server):
 
 
 def test_function_call_round_trip(client, scripted_server):
-    srv = scripted_server.srv
+    srv = scripted_server
     scripted_server.script(TOOL_CALL, ANSWER)
     r1 = client.responses.create(model="tiny-test", input=USER, tools=TOOLS, max_output_tokens=64)
     assert [o.type for o in r1.output] == ["reasoning", "function_call"]
@@ -169,6 +169,6 @@ def test_named_tool_choice_forces_a_call(client):
     ({"previous_response_id": "resp_missing"}, "previous_response_id", "not found"),
 ])
 def test_refused_requests_name_the_field(scripted_server, body, param, words):
-    status, out = scripted_server.srv.request("POST", "/v1/responses", {"model": "tiny-test", "input": "Hi", **body})
+    status, out = scripted_server.request("POST", "/v1/responses", {"model": "tiny-test", "input": "Hi", **body})
     assert status == 400, out
     assert out["error"]["param"] == param and words in out["error"]["message"], out

@@ -114,9 +114,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--cors-headers", default="*", help="allowed headers (* = those the browser asks for)")
     a("--cors-credentials", dest="cors_credentials", action="store_true", default=True)
     a("--no-cors-credentials", dest="cors_credentials", action="store_false")
-    # Test hook: honour the request field `test_forced_output` (text whose tokens replace the sampled
-    # ones), so harmony reasoning/tool-call paths can be tested through a server with a random model.
-    a("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     for add_group in (add_compute_args, add_context_args, add_parallel_args, add_placement_args,
                       add_prompt_cache_args, add_sampling_args, add_server_limit_args):
         add_group(p)
@@ -220,7 +217,6 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
             seed=s.sampling.request_seed,
             n_predict=s.sampling.n_predict,
             verbose=args.verbose,
-            test_hooks=args.test_hooks,
             slot_save_path=args.slot_save_path,
         )
         state.serving = Serving(engine, config)

@@ -20,9 +20,6 @@ class GenerationRequest:
     params: SamplingParams
     stop: Seq[str] = ()
     logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token's logprob + top k
-    # These ids replace the sampler's choices in order (the model still runs): lets tests drive the
-    # harmony/tool-call paths through a real server with a random model.
-    forced_tokens: Seq[int] | None = None
     constraint: ConstraintSpec | None = None  # grammar / JSON schema the output must match
     cache_prompt: bool = True  # reuse cached KV of a matching prefix (llama-server's cache_prompt)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -87,7 +84,3 @@ class Sequence:
     @property
     def prompt(self) -> list[int]:
         return self.request.prompt_ids
-
-    @property
-    def prefilling(self) -> bool:
-        return bool(self.pending)

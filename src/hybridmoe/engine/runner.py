@@ -64,7 +64,7 @@ class ModelRunner:
         """Per-request sampling state: sampler, stop ids, and the grammar constraint when asked."""
         req = seq.request
         seq.sampler = Sampler(req.params)
-        seq.stop_ids = frozenset(req.params.stop_ids) | (frozenset() if req.params.ignore_eos else self.eog_ids)
+        seq.stop_ids = frozenset() if req.params.ignore_eos else self.eog_ids
         if req.constraint is not None:
             seq.constraint = make_constraint(req.constraint, token_table(self.tokenizer), seq.stop_ids)
 
@@ -74,16 +74,12 @@ class ModelRunner:
         return self.model.forward(chunks)
 
     def sample(self, seq: Sequence, row: torch.Tensor) -> tuple[int, TokenLogprobs | None]:
-        """The next token (forced ones first, then the constrained or plain sampler) and its
-        logprobs when asked. A constraint with nothing left to allow raises ValueError."""
+        """The next token (the constrained or plain sampler) and its logprobs when asked. A
+        constraint with nothing left to allow raises ValueError."""
         req = seq.request
-        forced = req.forced_tokens
-        if forced is not None and seq.n_generated < len(forced):
-            token = int(forced[seq.n_generated])
-        else:
-            token = int(seq.sampler.sample(row, seq.constraint))
-            if seq.constraint is not None:
-                seq.constraint.advance(token)
+        token = int(seq.sampler.sample(row, seq.constraint))
+        if seq.constraint is not None:
+            seq.constraint.advance(token)
         lp = Sampler.logprobs(row, token, req.logprobs) if req.logprobs is not None else None
         return token, lp
 

@@ -138,7 +138,6 @@ class SamplingFields(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # llama-server extra
-    test_forced_output: str | None = None  # only with `serve --test-hooks`: output these tokens
     # Constrained output (one at most; see server/constraint_fields.py): llama-server's GBNF
     # `grammar` and `json_schema` fields, OpenAI's response_format.
     grammar: str | None = None

@@ -57,8 +57,6 @@ class ServingConfig:
     seed: int | None = None  # --seed: requests without a seed use it (None/-1: random)
     n_predict: int = -1  # -n: token limit of requests that give none (-1: the context)
     verbose: bool = False  # --verbose: responses carry llama-server's `__verbose` (native result)
-    test_hooks: bool = False  # honour `test_forced_output` (see GenerationRequest.forced_tokens)
-    slot_save_path: str | None = None  # --slot-save-path: directory of slot state files
     slot_save_path: str | None = None  # --slot-save-path: directory of slot state files
 
     def aliases(self) -> list[str]:
@@ -195,7 +193,7 @@ class Serving:
             return self.tokenizer.encode("<|channel|>final<|message|>", allow_special=True)
         return []
 
-    def _sampling(self, req: SamplingFields, n_prompt: int, limit: int | None, logprobs_k: int | None) -> SamplingParams:
+    def _sampling(self, req: SamplingFields, n_prompt: int, limit: int | None) -> SamplingParams:
         d = self.config.defaults
         room = self.engine.ctx_size_per_slot - n_prompt
         if limit is None and self.config.n_predict >= 0:
@@ -210,7 +208,6 @@ class Serving:
             seed=req.seed if req.seed is not None else self.config.seed,
             max_tokens=min(limit, room) if limit is not None else room,
             ignore_eos=req.ignore_eos,
-            logprobs=logprobs_k or 0,
             samplers=sampler_order(req.samplers),
         )
         try:
@@ -264,10 +261,9 @@ class Serving:
             raise exceed_context(n, ctx, "messages")
         gen = GenerationRequest(
             prompt_ids=prompt_ids,
-            params=self._sampling(req, n, limit, logprobs_k),
+            params=self._sampling(req, n, limit),
             stop=req.stop_list(),
             logprobs=logprobs_k,
-            forced_tokens=self._forced(req),
             constraint=constraint,
             cache_prompt=req.cache_prompt,
         )
@@ -277,14 +273,6 @@ class Serving:
             raise APIError(503, str(e), type="unavailable_error", code="server_busy") from None
         except ValueError as e:
             raise bad_request(str(e)) from None
-
-    def _forced(self, req: SamplingFields) -> list[int] | None:
-        if req.test_forced_output is None:
-            return None
-        if not self.config.test_hooks:
-            raise bad_request("test_forced_output needs a server started with --test-hooks",
-                              param="test_forced_output")
-        return self.tokenizer.encode(req.test_forced_output, allow_special=True)
 
     def _failure(self, final: EngineEvent) -> APIError | None:
         """The error a final event stands for: a failed generation, or one ended by shutdown."""
