@@ -31,9 +31,7 @@ class SamplingParams:
     min_p: float = SAMPLING_DEFAULTS.min_p
     seed: int | None = SAMPLING_DEFAULTS.request_seed  # None or < 0: random
     max_tokens: int = 256  # the engine's budget, resolved from n_predict and the room left
-    stop_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    logprobs: int = 0  # top-k logprobs to report per token (0 = none)
     # llama-server's `samplers`: the filters applied, in order (a filter left out is not applied;
     # without "temperature" the draw is at temperature 1). None: DEFAULT_ORDER.
     samplers: tuple[str, ...] | None = None
@@ -42,8 +40,6 @@ class SamplingParams:
         check_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
         if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
-        if self.logprobs < 0:
-            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         unknown = [n for n in self.samplers or () if n not in KNOWN_SAMPLERS]
         if unknown:
             raise ValueError(f"unknown sampler {unknown[0]!r}; known: {', '.join(sorted(KNOWN_SAMPLERS))}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 from enum import IntEnum
 
 GGUF_MAGIC = 0x46554747  # b"GGUF" read as little-endian uint32
-GGUF_MAGIC_BYTES = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 GGUF_VERSION = 3
 DEFAULT_ALIGNMENT = 32
@@ -111,14 +110,6 @@ def row_bytes(t: GGMLType | int, n_elems: int) -> int:
     return n_elems // be * bb
 
 
-def tensor_bytes(t: GGMLType | int, ne: tuple[int, ...] | list[int]) -> int:
-    """Bytes of a tensor with ggml dims `ne` (ne[0] innermost)."""
-    n = row_bytes(t, int(ne[0])) if ne else block_bytes(t)
-    for d in ne[1:]:
-        n *= int(d)
-    return n
-
-
 class GGUFValueType(IntEnum):
     """Metadata value type ids (gguf_type)."""
 
@@ -154,22 +145,10 @@ VALUE_DTYPES: dict[GGUFValueType, str] = {
 
 
 class Keys:
-    """Metadata key names used outside the model file (architecture keys live in models/)."""
+    """Metadata keys of the container itself (alignment, split shards); the model config and the
+    tokenizer read their own keys."""
 
-    ARCHITECTURE = "general.architecture"
     ALIGNMENT = "general.alignment"
-    NAME = "general.name"
-    FILE_TYPE = "general.file_type"
-    QUANT_VERSION = "general.quantization_version"
     SPLIT_NO = "split.no"
     SPLIT_COUNT = "split.count"
     SPLIT_TENSORS_COUNT = "split.tensors.count"
-    TOKENIZER_MODEL = "tokenizer.ggml.model"
-    TOKENIZER_PRE = "tokenizer.ggml.pre"
-    TOKENS = "tokenizer.ggml.tokens"
-    TOKEN_TYPE = "tokenizer.ggml.token_type"
-    MERGES = "tokenizer.ggml.merges"
-    BOS_ID = "tokenizer.ggml.bos_token_id"
-    EOS_ID = "tokenizer.ggml.eos_token_id"
-    PAD_ID = "tokenizer.ggml.padding_token_id"
-    CHAT_TEMPLATE = "tokenizer.chat_template"

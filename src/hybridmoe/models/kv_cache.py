@@ -81,9 +81,6 @@ class SequenceKVCache:
         ring = min(self.max_ctx, self.layout.window + self.layout.slack)
         return WindowGeometry(self.layout.window if has_ring else 0, ring if has_ring else 0)
 
-    def remaining(self) -> int:
-        return self.max_ctx - self.length
-
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, pos0: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

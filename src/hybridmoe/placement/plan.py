@@ -197,9 +197,6 @@ class Plan:
     def n_gpu_expert_layers(self) -> int:
         return sum(d != CPU for d in self.expert_devices)
 
-    def layer_expert_bytes(self, layer: int) -> int:
-        return sum(t.nbytes for t in self.tensors if t.layer == layer and t.kind == KIND_EXPERTS)
-
     def to_json(self) -> dict[str, Any]:
         opts = dataclasses.asdict(self.options)
         opts["ctx_size_resolved"] = self.ctx_size
