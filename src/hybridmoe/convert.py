@@ -14,9 +14,14 @@ import torch
 
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.gguf.writer import TensorSpec
+from hybridmoe.models.gpt_oss_config import (
+    ARCH,
+    DEFAULT_ROPE_ORIGINAL_CTX,
+    DEFAULT_YARN_BETA_FAST,
+    DEFAULT_YARN_BETA_SLOW,
+    GptOssConfig,
+)
 from hybridmoe.quant.formats import dequantize, quantize
-
-ARCH = "gpt-oss"
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -31,7 +36,7 @@ def encode(x: np.ndarray, t: GGMLType) -> np.ndarray:
     return quantize(x, t)
 
 
-def roundtrip(x: torch.Tensor, t: GGMLType, axis_last: bool = True) -> torch.Tensor:
+def roundtrip(x: torch.Tensor, t: GGMLType) -> torch.Tensor:
     """Values as they come back after storing in type t (quantize along the last axis)."""
     if t == GGMLType.F32:
         return x.clone()
@@ -51,37 +56,42 @@ def mxfp4_roundtrip_experts(state: dict[str, torch.Tensor], n_layers: int) -> No
         state[p + "down_proj"] = roundtrip(dn.transpose(1, 2), GGMLType.MXFP4).transpose(1, 2).contiguous()
 
 
-def gpt_oss_metadata(hf_config: Any, tokenizer_meta: Mapping[str, Any], name: str = "gpt-oss") -> dict[str, Any]:
-    """GGUF metadata (llama.cpp's key names and value types) from an HF GptOssConfig."""
+def gpt_oss_config(hf_config: Any) -> GptOssConfig:
+    """Our config from an HF GptOssConfig: the one place HF's names map onto ours."""
     c = hf_config
     rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    yarn = rope.get("rope_type", rope.get("type")) == "yarn"
+    return GptOssConfig(
+        n_layers=c.num_hidden_layers,
+        hidden=c.hidden_size,
+        n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        n_experts=c.num_local_experts,
+        n_experts_used=c.num_experts_per_tok,
+        expert_ffn=c.intermediate_size,
+        vocab_size=c.vocab_size,
+        context_length=c.max_position_embeddings,
+        sliding_window=c.sliding_window,
+        rms_eps=float(c.rms_norm_eps),
+        rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 150000.0))),
+        rope_scaling_factor=float(rope["factor"]) if yarn else 1.0,
+        rope_original_ctx=int(rope["original_max_position_embeddings"]) if yarn else DEFAULT_ROPE_ORIGINAL_CTX,
+        yarn_beta_fast=float(rope.get("beta_fast", DEFAULT_YARN_BETA_FAST)),
+        yarn_beta_slow=float(rope.get("beta_slow", DEFAULT_YARN_BETA_SLOW)),
+    )
+
+
+def gpt_oss_metadata(hf_config: Any, tokenizer_meta: Mapping[str, Any], name: str = "gpt-oss") -> dict[str, Any]:
+    """GGUF metadata (llama.cpp's key names and value types) from an HF GptOssConfig."""
     meta: dict[str, Any] = {
         "general.architecture": ARCH,
         "general.type": "model",
         "general.name": name,
         "general.file_type": 38,
         "general.quantization_version": 2,
-        f"{ARCH}.block_count": c.num_hidden_layers,
-        f"{ARCH}.context_length": c.max_position_embeddings,
-        f"{ARCH}.embedding_length": c.hidden_size,
-        f"{ARCH}.feed_forward_length": c.intermediate_size,
-        f"{ARCH}.expert_feed_forward_length": c.intermediate_size,
-        f"{ARCH}.attention.head_count": c.num_attention_heads,
-        f"{ARCH}.attention.head_count_kv": c.num_key_value_heads,
-        f"{ARCH}.attention.key_length": c.head_dim,
-        f"{ARCH}.attention.value_length": c.head_dim,
-        f"{ARCH}.attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
-        f"{ARCH}.attention.sliding_window": c.sliding_window,
-        f"{ARCH}.expert_count": c.num_local_experts,
-        f"{ARCH}.expert_used_count": c.num_experts_per_tok,
-        f"{ARCH}.rope.freq_base": float(rope.get("rope_theta", getattr(c, "rope_theta", 150000.0))),
+        **gpt_oss_config(hf_config).to_metadata(),
     }
-    if rope.get("rope_type", rope.get("type")) == "yarn":
-        meta[f"{ARCH}.rope.scaling.type"] = "yarn"
-        meta[f"{ARCH}.rope.scaling.factor"] = float(rope["factor"])
-        meta[f"{ARCH}.rope.scaling.original_context_length"] = int(rope["original_max_position_embeddings"])
-        meta[f"{ARCH}.rope.scaling.yarn_beta_fast"] = float(rope.get("beta_fast", 32.0))
-        meta[f"{ARCH}.rope.scaling.yarn_beta_slow"] = float(rope.get("beta_slow", 1.0))
     meta.update(tokenizer_meta)
     return meta
 
