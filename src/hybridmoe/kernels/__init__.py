@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
 from hybridmoe.kernels import _lib, reference
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ __all__ = [
 ACT16_REL_ERR = 1e-5
 
 _ISAS = ("avx512", "avx2", "scalar")
-_BLOCK = {GGMLType.MXFP4: 17, GGMLType.Q8_0: 34}  # bytes per 32-weight block (C-supported types)
+_BLOCK = {t: BLOCK_SIZES[t][1] for t in (GGMLType.MXFP4, GGMLType.Q8_0)}  # block bytes of the C-supported types
 
 _lib_handle, _why_missing = _lib.load()
 _warned = False
@@ -184,7 +184,7 @@ def _weight_rows(w: np.ndarray, name: str, ggml_type: GGMLType, n_rows: int | No
         raise ValueError(f"{name}: row of {w.shape[1]} bytes is not a whole number of {ggml_type.name} blocks")
     if w.strides[1] != 1 or w.strides[0] < w.shape[1]:
         raise ValueError(f"{name}: rows must be contiguous bytes, got strides {w.strides}")
-    rows, kk = w.shape[0], w.shape[1] // bb * 32
+    rows, kk = w.shape[0], w.shape[1] // bb * BLOCK_SIZES[ggml_type][0]
     if n_rows is not None and rows != n_rows:
         raise ValueError(f"{name} has {rows} rows, expected {n_rows}")
     if k is not None and kk != k:
@@ -476,7 +476,7 @@ def _self_check(name: str) -> bool:
         if t == GGMLType.MXFP4:
             w[:, ::17] = rng.integers(118, 130, size=(13, 4), dtype=np.uint8)  # sane e8m0 scales
         else:
-            w.reshape(13, 4, 34)[:, :, :2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+            w.reshape(13, 4, bb)[:, :, :2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
         weights.append((t, w))
     x = torch.from_numpy(rng.standard_normal((40, 128), dtype=np.float32))
     results = []
