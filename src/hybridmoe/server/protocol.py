@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class APIError(Exception):
@@ -144,11 +144,12 @@ class SamplingFields(_Lenient):
     json_schema: Any = None
     response_format: dict[str, Any] | None = None
 
-    @field_validator("max_tokens")
+    # max_completion_tokens exists on chat requests only (check_fields=False lets one rule serve both).
+    @field_validator("max_tokens", "max_completion_tokens", check_fields=False)
     @classmethod
-    def _positive(cls, v: int | None) -> int | None:
+    def _positive(cls, v: int | None, info: ValidationInfo) -> int | None:
         if v is not None and v <= 0:
-            raise ValueError(f"max_tokens must be at least 1, got {v}")
+            raise ValueError(f"{info.field_name} must be at least 1, got {v}")
         return v
 
     @field_validator("stop")
@@ -202,13 +203,6 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _positive_completion(cls, v: int | None) -> int | None:
-        if v is not None and v <= 0:
-            raise ValueError(f"max_completion_tokens must be at least 1, got {v}")
-        return v
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
