@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import socket
 
+BACKLOG = 2048
+
 
 def listen_sockets(hosts: str, port: int) -> list[socket.socket]:
     """Bound, listening sockets for every address in `hosts`, or ValueError saying which one failed
@@ -31,25 +33,25 @@ def _tcp(host: str, port: int, v6only: bool) -> socket.socket:
     family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                       flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1 if v6only else 0)
-        sock.bind(addr)
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    options = [(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)]
+    if family == socket.AF_INET6:
+        options.append((socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1 if v6only else 0))
+    return _bind(sock, addr, options)
 
 
 def _unix(path: str) -> socket.socket:
     if os.path.exists(path):
         os.unlink(path)  # a stale socket file from an earlier run
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    return _bind(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), path, [])
+
+
+def _bind(sock: socket.socket, addr: object, options: list[tuple[int, int, int]]) -> socket.socket:
+    """Set `options`, bind and listen; a failure closes the socket so no descriptor leaks."""
     try:
-        sock.bind(path)
-        sock.listen(2048)
+        for level, name, value in options:
+            sock.setsockopt(level, name, value)
+        sock.bind(addr)
+        sock.listen(BACKLOG)
     except OSError:
         sock.close()
         raise
