@@ -43,11 +43,17 @@ def _as_blocks(raw: np.ndarray, t: GGMLType) -> np.ndarray:
         raw = np.ascontiguousarray(raw).view(np.uint8)
     if raw.ndim == 0:
         raise ValueError(f"dequantize {t.name}: raw must have at least one axis (bytes)")
+    nb = count_blocks(raw.shape[-1], t, "dequantize")
+    return np.ascontiguousarray(raw).reshape(raw.shape[:-1] + (nb, BLOCK_SIZES[t][1]))
+
+
+def count_blocks(row_bytes: int, t: GGMLType, what: str) -> int:
+    """Blocks in a bytes axis of `row_bytes`; ValueError naming `what` when not a whole number."""
     bb = BLOCK_SIZES[t][1]
-    if raw.shape[-1] % bb:
-        raise ValueError(f"dequantize {t.name}: last axis of {raw.shape[-1]} bytes is not a "
-                         f"multiple of the {bb}-byte block")
-    return np.ascontiguousarray(raw).reshape(raw.shape[:-1] + (raw.shape[-1] // bb, bb))
+    if row_bytes % bb:
+        raise ValueError(f"{what} {t.name}: last axis of {row_bytes} bytes is not a multiple of the "
+                         f"{bb}-byte block")
+    return row_bytes // bb
 
 
 def e8m0_to_fp32_half(e: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
-from hybridmoe.quant.formats import MXFP4_LUT2, check_type
+from hybridmoe.quant.formats import MXFP4_LUT2, check_type, count_blocks
 
 _LUT2 = torch.tensor(MXFP4_LUT2.tolist(), dtype=torch.float32)
 _FLOAT_VIEWS = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16,
@@ -29,15 +29,12 @@ def dequantize_torch(raw: torch.Tensor, t: GGMLType | int) -> torch.Tensor:
     if raw.dtype != torch.uint8 or raw.dim() == 0:
         raise ValueError(f"dequantize_torch {t.name}: raw must be a uint8 tensor with a bytes "
                          f"axis, got {raw.dtype} {tuple(raw.shape)}")
-    bb = BLOCK_SIZES[t][1]
-    if raw.shape[-1] % bb:
-        raise ValueError(f"dequantize_torch {t.name}: last axis of {raw.shape[-1]} bytes is not a "
-                         f"multiple of the {bb}-byte block")
+    nb = count_blocks(raw.shape[-1], t, "dequantize_torch")
     raw = raw.contiguous()
     lead = tuple(raw.shape[:-1])
     if t in _FLOAT_VIEWS:
         return raw.view(_FLOAT_VIEWS[t]).to(torch.float32, copy=True)
-    b = raw.reshape(lead + (raw.shape[-1] // bb, bb))
+    b = raw.reshape(lead + (nb, BLOCK_SIZES[t][1]))
     if t == GGMLType.Q8_0:
         d = b[..., :2].contiguous().view(torch.float16).to(torch.float32)  # [..., nb, 1]
         qs = b[..., 2:].contiguous().view(torch.int8).to(torch.float32)  # [..., nb, 32]
