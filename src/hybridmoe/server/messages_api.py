@@ -14,12 +14,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from hybridmoe.server.chat_view import ChatView
 from hybridmoe.server.output_blocks import Block, BlockEvent, BlockFolder
 from hybridmoe.server.protocol import (
     APIError,
+    Lenient,
     ChatCompletionRequest,
     ChatMessage,
     FunctionCall,
@@ -44,24 +45,20 @@ def anthropic_error_body(err: APIError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": msg}}
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
 # ---- request ----------------------------------------------------------------------------------
-class TextBlockIn(_Lenient):
+class TextBlockIn(Lenient):
     type: Literal["text"]
     text: str
 
 
-class ToolUseBlockIn(_Lenient):
+class ToolUseBlockIn(Lenient):
     type: Literal["tool_use"]
     id: str
     name: str = Field(min_length=1)
     input: dict[str, Any] = Field(default_factory=dict)
 
 
-class ToolResultBlockIn(_Lenient):
+class ToolResultBlockIn(Lenient):
     type: Literal["tool_result"]
     tool_use_id: str
     content: str | list[dict[str, Any]] = ""
@@ -74,12 +71,12 @@ class ToolResultBlockIn(_Lenient):
                        for j, b in enumerate(self.content))
 
 
-class ThinkingBlockIn(_Lenient):
+class ThinkingBlockIn(Lenient):
     type: Literal["thinking"]
     thinking: str
 
 
-class RedactedThinkingBlockIn(_Lenient):
+class RedactedThinkingBlockIn(Lenient):
     type: Literal["redacted_thinking"]  # encrypted reasoning from another server: nothing to re-feed
 
 
@@ -88,7 +85,7 @@ _BLOCKS: dict[str, type[BaseModel]] = {
     "thinking": ThinkingBlockIn, "redacted_thinking": RedactedThinkingBlockIn}
 
 
-class InputMessage(_Lenient):
+class InputMessage(Lenient):
     role: Literal["user", "assistant"]
     content: str | list[dict[str, Any]]
 
@@ -98,14 +95,14 @@ class InputMessage(_Lenient):
         return [validate_tagged(b, _BLOCKS, f"{what}.content[{j}]") for j, b in enumerate(self.content)]
 
 
-class ToolIn(_Lenient):
+class ToolIn(Lenient):
     type: Literal["custom"] = "custom"
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any]
 
 
-class ThinkingConfig(_Lenient):
+class ThinkingConfig(Lenient):
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(default=None, ge=0)
 
@@ -118,12 +115,12 @@ class ThinkingConfig(_Lenient):
         return "low" if self.budget_tokens <= 4096 else "medium" if self.budget_tokens <= 16384 else "high"
 
 
-class ToolChoiceIn(_Lenient):
+class ToolChoiceIn(Lenient):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
 
 
-class MessagesInput(_Lenient):
+class MessagesInput(Lenient):
     """What `count_tokens` takes: a request less its generation settings."""
 
     model: str

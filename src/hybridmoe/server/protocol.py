@@ -43,27 +43,30 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
-class _Lenient(BaseModel):
+class Lenient(BaseModel):
+    """Request models ignore fields they do not know, as llama-server and the OpenAI/Anthropic
+    servers do (clients send vendor extras)."""
+
     model_config = ConfigDict(extra="ignore")
 
 
-class TextPart(_Lenient):
+class TextPart(Lenient):
     type: str
     text: str | None = None
 
 
-class FunctionCall(_Lenient):
+class FunctionCall(Lenient):
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
-class ToolCall(_Lenient):
+class ToolCall(Lenient):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -104,22 +107,22 @@ class ChatMessage(_Lenient):
         return msg
 
 
-class FunctionDef(_Lenient):
+class FunctionDef(Lenient):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
-class Tool(_Lenient):
+class Tool(Lenient):
     type: Literal["function"] = "function"
     function: FunctionDef
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class SamplingFields(_Lenient):
+class SamplingFields(Lenient):
     """Fields shared by chat and legacy completions."""
 
     model: str | None = None
@@ -270,18 +273,18 @@ class CompletionRequest(SamplingFields):
         return v
 
 
-class TokenizeRequest(_Lenient):
+class TokenizeRequest(Lenient):
     content: str
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
 
 
-class DetokenizeRequest(_Lenient):
+class DetokenizeRequest(Lenient):
     tokens: list[int]
 
 
-class ApplyTemplateRequest(_Lenient):
+class ApplyTemplateRequest(Lenient):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     reasoning_effort: Literal["none", "low", "medium", "high"] | None = None

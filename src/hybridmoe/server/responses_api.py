@@ -21,12 +21,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from hybridmoe.server.chat_view import ChatView
 from hybridmoe.server.output_blocks import Block, BlockEvent, BlockFolder
 from hybridmoe.server.protocol import (
     APIError,
+    Lenient,
     ChatCompletionRequest,
     ChatMessage,
     FunctionCall,
@@ -39,12 +40,8 @@ from hybridmoe.server.protocol import (
 from hybridmoe.server.serving import Disconnected, Serving, events
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
 # ---- request ----------------------------------------------------------------------------------
-class TextPart(_Lenient):
+class TextPart(Lenient):
     type: str
     text: str
 
@@ -62,7 +59,7 @@ def _text_parts(parts: str | list[Any], what: str) -> str:
     return "".join(out)
 
 
-class MessageItem(_Lenient):
+class MessageItem(Lenient):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[dict[str, Any]]
@@ -71,20 +68,20 @@ class MessageItem(_Lenient):
         return _text_parts(self.content, what)
 
 
-class FunctionCallItem(_Lenient):
+class FunctionCallItem(Lenient):
     type: Literal["function_call"]
     call_id: str
     name: str = Field(min_length=1)
     arguments: str
 
 
-class FunctionCallOutputItem(_Lenient):
+class FunctionCallOutputItem(Lenient):
     type: Literal["function_call_output"]
     call_id: str
     output: str | list[dict[str, Any]]
 
 
-class ReasoningItem(_Lenient):
+class ReasoningItem(Lenient):
     type: Literal["reasoning"]
     summary: list[dict[str, Any]] = Field(default_factory=list)
     content: list[dict[str, Any]] | None = None
@@ -114,7 +111,7 @@ def parse_items(raw: list[Any], what: str = "input") -> list[InputItem]:
     return items
 
 
-class FunctionTool(_Lenient):
+class FunctionTool(Lenient):
     type: Literal["function"]
     name: str = Field(min_length=1)
     description: str | None = None
@@ -122,12 +119,12 @@ class FunctionTool(_Lenient):
     strict: bool | None = None
 
 
-class ReasoningConfig(_Lenient):
+class ReasoningConfig(Lenient):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: str | None = None
 
 
-class TextFormat(_Lenient):
+class TextFormat(Lenient):
     type: Literal["text", "json_object", "json_schema"] = "text"
     name: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
@@ -140,11 +137,11 @@ class TextFormat(_Lenient):
         return self
 
 
-class TextConfig(_Lenient):
+class TextConfig(Lenient):
     format: TextFormat = Field(default_factory=TextFormat)
 
 
-class ResponsesRequest(_Lenient):
+class ResponsesRequest(Lenient):
     model: str | None = None
     input: str | list[Any] = ""
     instructions: str | None = None
