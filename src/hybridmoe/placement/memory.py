@@ -26,23 +26,19 @@ ATTN_KEY_BLOCK = 1024
 VRAM_MARGIN_BYTES = 1024 * MIB
 
 
-# The shape placement sizes things from is the model config itself (one name per fact).
-ModelShape = GptOssConfig
-
-
-def kv_bytes_per_token(cfg: ModelShape, kv_dtype_bytes: float) -> float:
+def kv_bytes_per_token(cfg: GptOssConfig, kv_dtype_bytes: float) -> float:
     """K+V bytes one layer stores per cached position."""
     return cfg.n_kv_heads * cfg.head_dim * 2 * kv_dtype_bytes
 
 
-def kv_positions(cfg: ModelShape, layer: int, ctx_size: int, ubatch: int) -> int:
+def kv_positions(cfg: GptOssConfig, layer: int, ctx_size: int, ubatch: int) -> int:
     """Cached positions per sequence for `layer` (see module docstring)."""
     if cfg.layer_is_sliding(layer):
         return min(ctx_size, cfg.sliding_window + ubatch)
     return ctx_size
 
 
-def layer_kv_bytes(cfg: ModelShape, layer: int, ctx_size: int, ubatch: int, n_parallel: int,
+def layer_kv_bytes(cfg: GptOssConfig, layer: int, ctx_size: int, ubatch: int, n_parallel: int,
                    kv_dtype_bytes: float) -> int:
     """KV bytes of one layer over all `n_parallel` slots, each with a `ctx_size` context."""
     per_seq = kv_positions(cfg, layer, ctx_size, ubatch) * kv_bytes_per_token(cfg, kv_dtype_bytes)
@@ -82,7 +78,7 @@ class ComputeEstimate:
                 "expert_upload": self.expert_upload}
 
 
-def estimate_compute(cfg: ModelShape, *, ubatch: int, ctx_size: int, n_parallel: int,
+def estimate_compute(cfg: GptOssConfig, *, ubatch: int, ctx_size: int, n_parallel: int,
                      runs_layers: bool, runs_experts: bool, runs_output: bool,
                      upload_bytes: int) -> ComputeEstimate:
     """Compute-buffer estimate for one device (see ComputeEstimate for each term)."""
@@ -127,7 +123,7 @@ def cuda_free_bytes(device: str) -> int | None:
     return int(free)
 
 
-def kv_cache_bytes(cfg: ModelShape, ctx_total: int, n_parallel: int, kv_dtype_bytes: float,
+def kv_cache_bytes(cfg: GptOssConfig, ctx_total: int, n_parallel: int, kv_dtype_bytes: float,
                    ring_slack: int = 64) -> int:
     """KV bytes of `n_parallel` slots sharing `ctx_total` positions, as the CPU cache allocates
     them: full layers per slot context, sliding layers a ring of window + slack."""
@@ -144,7 +140,7 @@ class ContextFit:
     note: str | None  # why it was capped (log it), None when the request fits
 
 
-def fit_context(cfg: ModelShape, requested: int, n_parallel: int, kv_dtype_bytes: float,
+def fit_context(cfg: GptOssConfig, requested: int, n_parallel: int, kv_dtype_bytes: float,
                 available: int | None) -> ContextFit:
     """The total context to allocate KV for. `requested` 0 means the model's context length,
     capped (with a note) so the KV cache takes at most half the available RAM; an explicit

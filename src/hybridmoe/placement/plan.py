@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hybridmoe.models.gpt_oss_config import GptOssConfig
 from hybridmoe.placement.memory import (
     GIB,
     VRAM_MARGIN_BYTES,
     ComputeEstimate,
-    ModelShape,
     cuda_free_bytes,
     estimate_compute,
     layer_kv_bytes,
@@ -233,7 +233,7 @@ def _device_bytes(info: TensorLike, device: str, kind: str, opts: PlacementOptio
     return math.prod(int(d) for d in info.ne) * per
 
 
-def _assign(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOptions
+def _assign(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions
             ) -> list[TensorPlacement]:
     L = cfg.n_layers
     gpu = normalize_device(opts.gpu_device)
@@ -258,7 +258,7 @@ def _assign(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOpti
     return out
 
 
-def _layer_devices(cfg: ModelShape, placed: dict[str, TensorPlacement], opts: PlacementOptions
+def _layer_devices(cfg: GptOssConfig, placed: dict[str, TensorPlacement], opts: PlacementOptions
                    ) -> tuple[list[str], list[str]]:
     attn, experts = [], []
     for i in range(cfg.n_layers):
@@ -272,7 +272,7 @@ def _layer_devices(cfg: ModelShape, placed: dict[str, TensorPlacement], opts: Pl
     return attn, experts
 
 
-def _account(cfg: ModelShape, tensors: list[TensorPlacement], opts: PlacementOptions
+def _account(cfg: GptOssConfig, tensors: list[TensorPlacement], opts: PlacementOptions
              ) -> Plan:
     ctx = opts.ctx_size or cfg.context_length
     per_slot = ctx // opts.n_parallel
@@ -320,13 +320,13 @@ def _account(cfg: ModelShape, tensors: list[TensorPlacement], opts: PlacementOpt
     return Plan(tensors, devices, ram, attn_dev, exp_dev, opts, ctx, per_slot)
 
 
-def _plan_for(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
+def _plan_for(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
     if opts.gpu_dense_dtype == "auto":
         return _auto_dense(cfg, tensors, opts)
     return _account(cfg, _assign(cfg, tensors, opts), opts)
 
 
-def _auto_dense(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
+def _auto_dense(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
     """bf16 dense GPU weights (fast matmuls) when they fit the VRAM budget, else kept as stored
     (Q8_0 is 0.53x the bytes, decoded per call): an 8 GB card at -c 0 needs the latter."""
     budget = resolve_vram_budget(opts)
@@ -352,7 +352,7 @@ def resolve_vram_budget(opts: PlacementOptions) -> int | None:
     return None if free is None else max(free - VRAM_MARGIN_BYTES, 0)
 
 
-def make_plan(config: ModelShape, tensors: dict[str, TensorLike],
+def make_plan(config: GptOssConfig, tensors: dict[str, TensorLike],
               options: PlacementOptions | None = None) -> Plan:
     """Decide every tensor's device and the bytes each device needs.
 
@@ -375,7 +375,7 @@ def make_plan(config: ModelShape, tensors: dict[str, TensorLike],
     return fit_plan(config, tensors, opts, budget)
 
 
-def fit_plan(cfg: ModelShape, tensors: dict[str, TensorLike], opts: PlacementOptions,
+def fit_plan(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions,
              budget_bytes: int) -> Plan:
     """The plan with the most expert layers on the GPU whose GPU total fits `budget_bytes`.
 
