@@ -2,7 +2,7 @@
 cold MoE layer at T=1, GFLOP/s at T=8/64/512, the Q8_0 output head at T=1, beside the machine's
 read bandwidth measured in the same run (numpy sum over a large array, 1 and 2 threads).
 
-Fast mode (kernels.set_fast_math: int8 activations; the int8 GEMV, and the int8 GEMM on the
+Fast mode (act=kernels.Activations.INT8: int8 activations; the int8 GEMV, and the int8 GEMM on the
 tile path) gets its own rows, measured in the same run, and a closing table of speed-ups over fp32
 (1 thread: thread-CPU-time rates, which the other processes on a shared core do not distort;
 2 threads: wall-time medians).
@@ -148,21 +148,21 @@ def main() -> None:
         bw = max(bw_np, bw_c or 0.0)
 
         groups = [np.arange(g * TOPK, (g + 1) * TOPK) for g in range(E // TOPK)]
-        state = {"i": 0}
+        state = {"i": 0, "act": K.Activations.FP32}
         x1 = torch.randn(1, H)
         w1 = torch.full((1, TOPK), 0.25)
 
         def cold_decode() -> None:
             ids = torch.from_numpy(groups[state["i"] % len(groups)].astype(np.int32))[None]
             state["i"] += 1
-            K.moe_forward(x1, ids, w1, experts)
+            K.moe_forward(x1, ids, w1, experts, act=state["act"])
 
         def rate(amount: float, t: float) -> float:  # the speed-up table's rate: CPU time at 1 thread
             return amount / (LAST_CPU_S[0] if nt == 1 else t) / 1e9
 
         moe_rates = []
         for fast in (False, True):
-            K.set_fast_math(fast)
+            state["act"] = K.Activations.for_fast_math(fast)
             t, best = timed(cold_decode, args.repeats * 4)
             keep(nt, "MoE T=1 cold, 4 experts", "GB/s", "fast" if fast else "default", TOPK * expert_bytes, t, bw)
             moe_rates.append(rate(TOPK * expert_bytes, t))
@@ -170,7 +170,6 @@ def main() -> None:
             rows.append((nt, "MoE T=1 cold, 4 experts" + (" FAST int8" if fast else ""), f"{gbs:.1f} GB/s",
                          f"{t * 1e3:.2f} ms, {gbs / bw:.0%} of read bw; best {TOPK * expert_bytes / best / 1e9:.1f} GB/s"
                          + cpu_note(nt, TOPK * expert_bytes, "GB/s")))
-        K.set_fast_math(False)
         speedups.append((nt, "MoE T=1 cold", *moe_rates))
 
         for T in args.tokens:
@@ -180,40 +179,37 @@ def main() -> None:
             flops = T * TOPK * 2 * (2 * I * H + H * I)
             rates = []
             for fast in (False, True):  # fast: int8 GEMV (<= 16 tokens per expert) or int8 GEMM
-                K.set_fast_math(fast)
-                t, best = timed(lambda: K.moe_forward(x, ids, wts, experts), max(3, args.repeats // 2))
+                act = K.Activations.for_fast_math(fast)
+                t, best = timed(lambda: K.moe_forward(x, ids, wts, experts, act=act), max(3, args.repeats // 2))
                 keep(nt, f"MoE T={T}", "GFLOP/s", "fast" if fast else "default", flops, t)
                 rates.append(flops / (LAST_CPU_S[0] if nt == 1 else t) / 1e9)
                 rows.append((nt, f"MoE T={T}" + (" FAST int8" if fast else ""), f"{flops / t / 1e9:.1f} GFLOP/s",
                              f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s" + cpu_note(nt, flops, "GFLOP/s")))
-            K.set_fast_math(False)
             speedups.append((nt, f"MoE T={T} (GFLOP/s)", *rates))
 
         xh = torch.randn(1, H)
         head_rates = []
         for fast in (False, True):
-            K.set_fast_math(fast)
-            t, best = timed(lambda: K.linear_q8_0(xh, head), args.repeats)
+            act = K.Activations.for_fast_math(fast)
+            t, best = timed(lambda: K.linear_q8_0(xh, head, act=act), args.repeats)
             keep(nt, "Q8_0 head 201088x2880 T=1", "GB/s", "fast" if fast else "default", head.nbytes, t, bw)
             head_rates.append(rate(head.nbytes, t))
             rows.append((nt, "Q8_0 head 201088x2880 T=1" + (" FAST int8" if fast else ""),
                          f"{head.nbytes / t / 1e9:.1f} GB/s",
                          f"{t * 1e3:.1f} ms, {head.nbytes / t / 1e9 / bw:.0%} of read bw; best {head.nbytes / best / 1e9:.1f}"
                          + cpu_note(nt, head.nbytes, "GB/s")))
-        K.set_fast_math(False)
         speedups.append((nt, "Q8_0 head T=1", *head_rates))
         xd = torch.randn(512, H)
         wd = head[:4096]  # attention q projection shape: 4096 x 2880 Q8_0
         flops = 2 * 512 * 4096 * H
         dense_rates = []
         for fast in (False, True):  # fast: the int8 GEMM (maddubs on |w| and sign(x, w))
-            K.set_fast_math(fast)
-            t, best = timed(lambda: K.linear_q8_0(xd, wd), max(3, args.repeats // 2))
+            act = K.Activations.for_fast_math(fast)
+            t, best = timed(lambda: K.linear_q8_0(xd, wd, act=act), max(3, args.repeats // 2))
             keep(nt, "Q8_0 4096x2880 T=512", "GFLOP/s", "fast" if fast else "default", flops, t)
             dense_rates.append(rate(flops, t))
             rows.append((nt, "Q8_0 4096x2880 T=512" + (" FAST int8" if fast else ""), f"{flops / t / 1e9:.1f} GFLOP/s",
                          f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s" + cpu_note(nt, flops, "GFLOP/s")))
-        K.set_fast_math(False)
         speedups.append((nt, "Q8_0 4096x2880 T=512 (GFLOP/s)", *dense_rates))
 
     print(f"| threads | case | rate | notes |\n|---|---|---|---|")

@@ -33,11 +33,14 @@ const KernelSet* g_ks = nullptr;
 // Tokens per expert up to which the fused GEMV beats tile + GEMM (the crossover on 20b-sized
 // MXFP4 matrices; bench/kernels.py --gemv-max-tokens moves it).
 std::atomic<int> g_gemv_max_tokens{16};
-std::atomic<int> g_fast_math{0};  // 1: int8 activations on the GEMV and the tile path
-// 1: the GEMV path (few tokens per expert / dense call) multiplies two-term int16 activations
-// (quantize_x_q16: fp32-like error, integer products); 0 (default): fp32 activations. Opt-in
-// until it is faster than the fp32 GEMV (docs/DESIGN.md).
-std::atomic<int> g_act16{0};
+// Activation arithmetic, chosen per call (each model instance carries its own):
+//   kActF32:  fp32 activations (exact to fp32 rounding; the default);
+//   kActI16:  the GEMV path (few tokens per expert / dense call) multiplies two-term int16
+//             activations (quantize_x_q16: fp32-like error, integer products); the tile path
+//             stays fp32. Opt-in until it is faster than the fp32 GEMV (docs/DESIGN.md);
+//   kActI8:   fast math: int8 activations on the GEMV and the tile path (~1e-2 relative error).
+constexpr int kActF32 = 0, kActI16 = 1, kActI8 = 2;
+bool act_ok(int act) { return act == kActF32 || act == kActI16 || act == kActI8; }
 
 bool cpu_has_f16c() {
     unsigned a, b, c, d;
@@ -341,7 +344,7 @@ void moe_combine_job(void* p, int) {
 
 using namespace hm;
 
-HM_API int hm_abi_version() { return 5; }
+HM_API int hm_abi_version() { return 6; }
 
 HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
 
@@ -376,23 +379,6 @@ HM_API int hm_set_gemv_max_tokens(int n) {
 
 HM_API int hm_get_gemv_max_tokens() { return g_gemv_max_tokens; }
 
-// Fast mode: activations quantized to int8 per 32-block, integer dot products (~1e-2 relative
-// error) on the GEMV path (few tokens per expert / dense call) and on the tile path (int8 GEMM).
-HM_API int hm_set_fast_math(int on) {
-    g_fast_math = on ? 1 : 0;
-    return 0;
-}
-
-HM_API int hm_get_fast_math() { return g_fast_math; }
-
-// 1: int16 activations on the GEMV path (see g_act16); 0 (default): fp32 activations there.
-HM_API int hm_set_act16(int on) {
-    g_act16 = on ? 1 : 0;
-    return 0;
-}
-
-HM_API int hm_get_act16() { return g_act16; }
-
 // dst[r*K + k] = W[r][k] (float32) through the current ISA's decoder; rows are row_stride apart.
 HM_API int hm_dequant(int fmt, const uint8_t* w, int64_t n_rows, int64_t row_stride, int64_t K, float* dst) {
     if (!fmt_ok(fmt) || K <= 0 || K % kBlockElems || n_rows < 0 || row_stride < row_bytes_of(fmt, K))
@@ -404,11 +390,12 @@ HM_API int hm_dequant(int fmt, const uint8_t* w, int64_t n_rows, int64_t row_str
 
 // For each of n matrices: out_i[t*ldo_i + r] = x[T, K] @ W_i[N_i, K]^T (+ bias_i), W_i quantized
 // (MXFP4 or Q8_0, all the same format), rows row_stride_i apart. One input preparation and one
-// pass of the pool for all of them (q, k and v of a layer in one call).
+// pass of the pool for all of them (q, k and v of a layer in one call). act: kActF32/I16/I8.
 HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n, const uint8_t* const* ws,
                            const int64_t* Ns, const int64_t* row_strides, const float* const* biases,
-                           float* const* outs, const int64_t* ldos) {
-    if (!fmt_ok(fmt) || T < 0 || K <= 0 || K % kBlockElems || n < 1 || n > kMaxLinearMats) return kErrBadArg;
+                           float* const* outs, const int64_t* ldos, int act) {
+    if (!fmt_ok(fmt) || !act_ok(act) || T < 0 || K <= 0 || K % kBlockElems || n < 1 || n > kMaxLinearMats)
+        return kErrBadArg;
     for (int i = 0; i < n; ++i)
         if (Ns[i] < 0 || row_strides[i] < row_bytes_of(fmt, K) || ldos[i] < Ns[i]) return kErrBadArg;
     if (T == 0) return 0;
@@ -417,7 +404,7 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
     c.ks = g_ks;
     c.fmt = fmt;
     c.tile_path = T > g_gemv_max_tokens;
-    if (g_fast_math.load()) {
+    if (act == kActI8) {
         std::vector<const float*> rows(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
         c.xq.resize(size_t(T));
@@ -425,7 +412,7 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
         quantize_rows(rows.data(), T, K, grow(g_xq, size_t(T * q8x_bytes(K))), grow(g_xd, size_t(T * q8x_scales(K))),
                       c.xq.data(), c.xd.data());
         c.x = nullptr;
-    } else if (!c.tile_path && g_act16.load()) {
+    } else if (!c.tile_path && act == kActI16) {
         std::vector<const float*> rows(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
         c.x16.resize(size_t(T));
@@ -457,18 +444,19 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
 
 // out[T, N] = x[T, K] @ W[N, K]^T (+ bias[N]); W quantized (MXFP4 or Q8_0), rows row_stride apart.
 HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_t* w, int64_t N,
-                     int64_t row_stride, const float* bias, float* out) {
-    return hm_linear_multi(fmt, x, T, K, 1, &w, &N, &row_stride, &bias, &out, &N);
+                     int64_t row_stride, const float* bias, float* out, int act) {
+    return hm_linear_multi(fmt, x, T, K, 1, &w, &N, &row_stride, &bias, &out, &N, act);
 }
 
 // gpt-oss MoE layer: out[T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]). Gate/up tensors are
 // [E, I, H/32 blocks] and down [E, H, I/32 blocks], rows contiguous, experts *_es bytes apart.
+// act: kActF32 / kActI16 / kActI8 (see above).
 HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* ids, const float* wts,
                           int64_t k, int64_t E, int64_t I, int fmt, const uint8_t* gate, int64_t gate_es,
                           const uint8_t* up, int64_t up_es, const uint8_t* down, int64_t down_es,
                           const float* gate_bias, const float* up_bias, const float* down_bias,
-                          float alpha, float limit, float* out) {
-    if (!fmt_ok(fmt) || T < 0 || k < 1 || E < 1 || H <= 0 || I <= 0 || H % kBlockElems || I % kBlockElems)
+                          float alpha, float limit, float* out, int act) {
+    if (!fmt_ok(fmt) || !act_ok(act) || T < 0 || k < 1 || E < 1 || H <= 0 || I <= 0 || H % kBlockElems || I % kBlockElems)
         return kErrBadArg;
     if (T == 0) return 0;
     for (int64_t i = 0; i < T * k; ++i)
@@ -480,8 +468,8 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     c.gate_es = gate_es; c.up_es = up_es; c.down_es = down_es;
     c.gb = gate_bias; c.ub = up_bias; c.db = down_bias;
     c.alpha = alpha; c.limit = limit; c.out = out;
-    c.fast = g_fast_math.load() != 0;
-    c.act16 = !c.fast && g_act16.load() != 0;
+    c.fast = act == kActI8;
+    c.act16 = act == kActI16;
 
     // Group the T*k assignments by expert (counting sort, stable in token order).
     const int64_t gemv_max = g_gemv_max_tokens.load();

@@ -15,14 +15,11 @@ def use_isa(request):
         K.set_isa("auto")
         K.set_gemv_max_tokens(16)  # the library's default
         K.set_num_threads(1)
-        K.set_fp32_activations(True)
 
 
 
 
-@pytest.fixture(params=["int16", "fp32"])
-def act_mode(request):
-    """Runs a test with int16 activations on the GEMV path and with fp32 (the default)."""
-    K.set_fp32_activations(request.param == "fp32")
-    yield request.param
-    K.set_fp32_activations(True)
+@pytest.fixture(params=[K.Activations.INT16, K.Activations.FP32], ids=["int16", "fp32"])
+def act_mode(request) -> K.Activations:
+    """The activation mode to pass (`act=`): int16 on the GEMV path, and fp32 (the default)."""
+    return request.param

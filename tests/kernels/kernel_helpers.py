@@ -53,10 +53,10 @@ def dequant64(raw: np.ndarray, t: GGMLType) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(np.asarray(raw), gguf.GGMLQuantizationType(int(t))).astype(np.float64))
 
 
-def default_tol(fp32_tol: float) -> float:
-    """The stated error of the current default path: fp32_tol with fp32 activations, else the
-    int16 activations' bound (kernels.ACT16_REL_ERR)."""
-    return fp32_tol if K.fp32_activations() else max(fp32_tol, K.ACT16_REL_ERR)
+def default_tol(fp32_tol: float, act: K.Activations) -> float:
+    """The stated error of an exact mode: fp32_tol with fp32 activations, else the int16
+    activations' bound (kernels.ACT16_REL_ERR)."""
+    return fp32_tol if act == K.Activations.FP32 else max(fp32_tol, K.ACT16_REL_ERR)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -4,8 +4,6 @@ stated error (kernels.ACT16_REL_ERR) against float64 on the real inputs, NaN nev
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 import torch
@@ -19,11 +17,7 @@ TYPES = [pytest.param(GGMLType.MXFP4, id="mxfp4"), pytest.param(GGMLType.Q8_0, i
 # Products are exact integers; only the fp32 sums round.
 GEMV_ON_QUANTIZED_TOL = 2e-6
 
-@pytest.fixture
-def int16_mode():
-    K.set_fp32_activations(False)
-    yield
-    K.set_fp32_activations(True)
+INT16 = K.Activations.INT16
 
 
 pytestmark = pytest.mark.skipif(not K.available(), reason="compiled kernels not built (torch fallback only)")
@@ -102,7 +96,7 @@ def test_quantizer_bit_exact(isa, nb, use_isa):
 @pytest.mark.parametrize("t", TYPES)
 @pytest.mark.parametrize("T,Kd", [(1, 2880), (2, 2880), (3, 352), (4, 2880), (7, 2880), (8, 320), (13, 2880),
                                   (16, 2880), (1, 352), (5, 96)])
-def test_gemv_on_quantized_inputs(isa, t, T, Kd, use_isa, int16_mode):
+def test_gemv_on_quantized_inputs(isa, t, T, Kd, use_isa):
     """The int16 GEMV equals float64 on the quantized activations (the exact integer products),
     up to the fp32 sum: rows with K chunks, row groups, odd block counts, 1..16 tokens."""
     use_isa(isa)
@@ -115,7 +109,7 @@ def test_gemv_on_quantized_inputs(isa, t, T, Kd, use_isa, int16_mode):
         hi, lo, d = q16_reference(x[i])
         xq[i] = ((hi.astype(np.float64) + lo.astype(np.float64) / 65536) * d[:, None]).reshape(-1)
     ref = torch.from_numpy(xq) @ dequant64(w, t).T
-    y = K._linear(torch.from_numpy(x), w, None, t)
+    y = K._linear(torch.from_numpy(x), w, None, t, INT16)
     assert torch.isfinite(y).all()
     assert rel_err(y, ref) < GEMV_ON_QUANTIZED_TOL
     # and the stated error against the unquantized inputs
@@ -124,42 +118,39 @@ def test_gemv_on_quantized_inputs(isa, t, T, Kd, use_isa, int16_mode):
 
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("T,k", [(1, 4), (4, 4), (9, 2)])
-def test_moe_stated_error(isa, T, k, use_isa, int16_mode):
+def test_moe_stated_error(isa, T, k, use_isa):
     use_isa(isa)
     rng = np.random.default_rng()
     E, H, I = 8, 2880, 320
     ex = make_experts(rng, E, H, I)
     x = torch.randn(T, H)
     ids, w = routing(rng, T, k, E)
-    assert rel_err(K.moe_forward(x, ids, w, ex), moe_reference64(x, ids, w, ex)) < K.ACT16_REL_ERR
+    assert rel_err(K.moe_forward(x, ids, w, ex, act=INT16), moe_reference64(x, ids, w, ex)) < K.ACT16_REL_ERR
 
 
 @pytest.mark.parametrize("isa", isa_params())
-def test_nan_and_inf_never_pass(isa, use_isa, int16_mode):
+def test_nan_and_inf_never_pass(isa, use_isa):
     use_isa(isa)
     rng = np.random.default_rng()
     w = quantized(rng, 30, 320, GGMLType.MXFP4)
     x = torch.randn(3, 320)
     x[1, 40] = float("nan")
     x[2, 300] = float("inf")
-    y = K.linear_mxfp4(x, w)
+    y = K.linear_mxfp4(x, w, act=INT16)
     assert torch.isfinite(y[0]).all()
     assert torch.isnan(y[1]).all() and torch.isnan(y[2]).all()
 
 
-def test_mode_switch_and_default():
-    assert K.fp32_activations()  # fp32 is the default
-    with pytest.raises(ValueError, match="fp32_activations"):
-        K.set_fp32_activations(1)  # type: ignore[arg-type]
+def test_mode_is_per_call():
+    """int16 and fp32 calls interleave without leaving state behind; a bad mode is named."""
+    with pytest.raises(ValueError, match="kernels.Activations"):
+        K.linear_q8_0(torch.randn(1, 320), quantized(np.random.default_rng(1), 4, 320, GGMLType.Q8_0),
+                      act=1)  # type: ignore[arg-type]
     rng = np.random.default_rng(3)
     w = quantized(rng, 40, 320, GGMLType.Q8_0)
     x = torch.randn(2, 320)
     y32 = K.linear_q8_0(x, w)
-    K.set_fp32_activations(False)
-    try:
-        assert ctypes.c_int(K._lib_handle.hm_get_act16()).value == 1
-        y16 = K.linear_q8_0(x, w)
-    finally:
-        K.set_fp32_activations(True)
+    y16 = K.linear_q8_0(x, w, act=INT16)
     assert not torch.equal(y16, y32) and rel_err(y16, y32) < K.ACT16_REL_ERR
     assert torch.equal(K.linear_q8_0(x, w), y32)
+    assert torch.equal(K.linear_q8_0(x, w, act=INT16), y16)

@@ -18,29 +18,27 @@ from hybridmoe.kernels import reference
 
 from kernel_helpers import default_tol, isa_params, make_experts, moe_reference64, quantized, rel_err, routing
 
-pytestmark = pytest.mark.usefixtures("act_mode")  # every test in both activation modes
-
 H, I = 128, 96  # small but multi-block; I != H catches transposed dims
 MOE_TOL = 1e-5  # fp32 accumulate vs float64; observed ~1e-7..1e-6
 
 
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("T,k", [(1, 1), (1, 4), (5, 1), (5, 8), (37, 4), (37, 8)])
-def test_moe_matches_float64(isa, T, k, use_isa):
+def test_moe_matches_float64(isa, T, k, use_isa, act_mode):
     use_isa(isa)
     rng = np.random.default_rng()
     ex = make_experts(rng, 16, H, I)
     x = torch.from_numpy(rng.standard_normal((T, H), dtype=np.float32))
     ids, w = routing(rng, T, k, 16)
     ref = moe_reference64(x, ids, w, ex)
-    y = K.moe_forward(x, ids, w, ex)
+    y = K.moe_forward(x, ids, w, ex, act=act_mode)
     assert y.shape == (T, H) and y.dtype == torch.float32
-    assert rel_err(y, ref) < default_tol(MOE_TOL)
-    assert rel_err(reference.moe_forward(x, ids, w, ex), ref) < default_tol(MOE_TOL)
+    assert rel_err(y, ref) < default_tol(MOE_TOL, act_mode)
+    assert rel_err(reference.moe_forward(x, ids, w, ex), ref) < MOE_TOL
 
 
 @pytest.mark.parametrize("crossover", [0, 3, 1000])
-def test_moe_gemv_tile_crossover_and_empty_experts(crossover, use_isa):
+def test_moe_gemv_tile_crossover_and_empty_experts(crossover, use_isa, act_mode):
     """Skewed routing: one expert gets every token, some get one, most none; both paths mixed."""
     rng = np.random.default_rng()
     K.set_gemv_max_tokens(crossover)
@@ -49,18 +47,20 @@ def test_moe_gemv_tile_crossover_and_empty_experts(crossover, use_isa):
     ids = torch.zeros((T, 2), dtype=torch.int32)
     ids[:, 1] = torch.tensor([1, 1, 1, 1, 2, 2, 3, 3, 3], dtype=torch.int32)  # expert 0: 9 tokens
     w = torch.rand(T, 2)
-    assert rel_err(K.moe_forward(x := torch.randn(T, H), ids, w, ex), moe_reference64(x, ids, w, ex)) < default_tol(MOE_TOL)
+    y = K.moe_forward(x := torch.randn(T, H), ids, w, ex, act=act_mode)
+    assert rel_err(y, moe_reference64(x, ids, w, ex)) < default_tol(MOE_TOL, act_mode)
 
 
-def test_moe_q8_0_experts():
+def test_moe_q8_0_experts(act_mode):
     rng = np.random.default_rng()
     ex = make_experts(rng, 4, H, I, t=GGMLType.Q8_0)
     x = torch.randn(3, H)
     ids, w = routing(rng, 3, 2, 4)
-    assert rel_err(K.moe_forward(x, ids, w, ex), moe_reference64(x, ids, w, ex)) < default_tol(MOE_TOL)
+    y = K.moe_forward(x, ids, w, ex, act=act_mode)
+    assert rel_err(y, moe_reference64(x, ids, w, ex)) < default_tol(MOE_TOL, act_mode)
 
 
-def test_moe_fused_gate_up_halves_strided_along_e():
+def test_moe_fused_gate_up_halves_strided_along_e(act_mode):
     """gate/up as the two halves of one [E, 2I, bytes] tensor: strided along E, same result."""
     rng = np.random.default_rng()
     ex = make_experts(rng, 6, H, I)
@@ -70,7 +70,7 @@ def test_moe_fused_gate_up_halves_strided_along_e():
     assert not strided.gate.flags.c_contiguous
     x = torch.randn(4, H)
     ids, w = routing(rng, 4, 3, 6)
-    assert torch.equal(K.moe_forward(x, ids, w, strided), K.moe_forward(x, ids, w, ex))
+    assert torch.equal(K.moe_forward(x, ids, w, strided, act=act_mode), K.moe_forward(x, ids, w, ex, act=act_mode))
 
 
 def _guarded(data: np.ndarray) -> np.ndarray:
@@ -127,7 +127,7 @@ def test_tensor_at_end_of_mmapped_file(tmp_path):
     assert torch.equal(K.moe_forward(x, ids, w, mapped), K.moe_forward(x, ids, w, ex))
 
 
-def test_nan_propagates_never_clamped_away():
+def test_nan_propagates_never_clamped_away(act_mode):
     rng = np.random.default_rng()
     ex = make_experts(rng, 4, H, I)
     for T in (3, 30):  # GEMV and tile paths
@@ -136,14 +136,15 @@ def test_nan_propagates_never_clamped_away():
         ids = torch.tensor([[0, 1]] * T, dtype=torch.int32)
         w = torch.rand(T, 2)
         w[1, 0] = float("nan")
-        y = K.moe_forward(x, ids, w, ex)
+        y = K.moe_forward(x, ids, w, ex, act=act_mode)
         assert torch.isnan(y[0]).all() and torch.isnan(y[1]).all()
         assert torch.isfinite(y[2:]).all()
     # A NaN gate bias must survive min(g, limit) and clamp(u): the clamps must not eat it.
     gb = ex.gate_bias.clone()
     gb[2, 5] = float("nan")
     nan_ex = K.ExpertTensors(ex.gate, ex.up, ex.down, gb, ex.up_bias, ex.down_bias, GGMLType.MXFP4)
-    y = K.moe_forward(torch.randn(1, H), torch.tensor([[2]], dtype=torch.int32), torch.ones(1, 1), nan_ex)
+    y = K.moe_forward(torch.randn(1, H), torch.tensor([[2]], dtype=torch.int32), torch.ones(1, 1), nan_ex,
+                      act=act_mode)
     assert torch.isnan(y).all()
 
 
@@ -158,17 +159,16 @@ def test_swiglu_reference_values():
     assert torch.isnan(a[5])
 
 
-def test_threads_give_identical_results(use_isa):
+def test_threads_give_identical_results(use_isa, act_mode):
     rng = np.random.default_rng()
     ex = make_experts(rng, 8, H, I)
     x = torch.randn(19, H)
     ids, w = routing(rng, 19, 4, 8)
     K.set_num_threads(1)
-    one = K.moe_forward(x, ids, w, ex)
+    one = K.moe_forward(x, ids, w, ex, act=act_mode)
     K.set_num_threads(2)
-    two = K.moe_forward(x, ids, w, ex)
-    fut = K.moe_forward_submit(x, ids, w, ex)
-    assert torch.equal(one, two) and torch.equal(fut.result(timeout=60), one)
+    two = K.moe_forward(x, ids, w, ex, act=act_mode)
+    assert torch.equal(one, two)
 
 
 def test_bad_inputs_are_named():

@@ -12,8 +12,6 @@ from hybridmoe.kernels import reference
 
 from kernel_helpers import default_tol, dequant64, isa_params, quantized, rel_err
 
-pytestmark = pytest.mark.usefixtures("act_mode")  # every test in both activation modes
-
 TYPES = [pytest.param(GGMLType.MXFP4, id="mxfp4"), pytest.param(GGMLType.Q8_0, id="q8_0")]
 # fp32 accumulation over K=320..2880 terms; observed 1e-7..2e-6, stated bound 1e-5.
 LINEAR_TOL = 1e-5
@@ -55,7 +53,7 @@ def test_mxfp4_every_code_and_scale(isa, use_isa):
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("t", TYPES)
 @pytest.mark.parametrize("T", [1, 3, 4, 5, 8, 9, 33])
-def test_linear_matches_dequant_matmul(isa, t, T, use_isa):
+def test_linear_matches_dequant_matmul(isa, t, T, use_isa, act_mode):
     use_isa(isa)
     rng = np.random.default_rng()
     N, Kd = 41, 2880 if T == 1 else 320  # odd row count; one full gpt-oss width
@@ -63,24 +61,24 @@ def test_linear_matches_dequant_matmul(isa, t, T, use_isa):
     x = torch.from_numpy(rng.standard_normal((T, Kd), dtype=np.float32))
     bias = torch.from_numpy(rng.standard_normal(N, dtype=np.float32))
     fn = K.linear_mxfp4 if t == GGMLType.MXFP4 else K.linear_q8_0
-    y = fn(x, w, bias)
+    y = fn(x, w, bias, act=act_mode)
     ref = x.double() @ dequant64(w, t).T + bias.double()
     assert y.shape == (T, N) and y.dtype == torch.float32
-    assert rel_err(y, ref) < default_tol(LINEAR_TOL)
-    assert rel_err(reference.linear(x, w, t, bias), ref) < default_tol(LINEAR_TOL)
+    assert rel_err(y, ref) < default_tol(LINEAR_TOL, act_mode)
+    assert rel_err(reference.linear(x, w, t, bias), ref) < LINEAR_TOL
 
 
 @pytest.mark.parametrize("t", TYPES)
-def test_gemv_and_tile_paths_agree(t, use_isa):
+def test_gemv_and_tile_paths_agree(t, use_isa, act_mode):
     """The same tokens through the streaming GEMV and through tile+GEMM (forced crossover)."""
     rng = np.random.default_rng()
     w = quantized(rng, 50, 256, t)
     x = torch.from_numpy(rng.standard_normal((12, 256), dtype=np.float32))
     K.set_gemv_max_tokens(64)
-    a = K._linear(x, w, None, t)
+    a = K._linear(x, w, None, t, act_mode)
     K.set_gemv_max_tokens(0)
-    b = K._linear(x, w, None, t)
-    assert rel_err(a, b) < default_tol(LINEAR_TOL)
+    b = K._linear(x, w, None, t, act_mode)
+    assert rel_err(a, b) < default_tol(LINEAR_TOL, act_mode)
 
 
 @pytest.mark.parametrize("isa", isa_params())
@@ -96,16 +94,16 @@ def test_tile_gemm_k_blocks_with_a_tail(isa, t, T, use_isa):
     K.set_gemv_max_tokens(0)  # force tile + GEMM
     y = K._linear(x, w, None, t)
     ref = x.double() @ dequant64(w, t).T
-    assert torch.isfinite(y).all() and rel_err(y, ref) < default_tol(LINEAR_TOL)
+    assert torch.isfinite(y).all() and rel_err(y, ref) < LINEAR_TOL
 
 
-def test_linear_nan_propagates():
+def test_linear_nan_propagates(act_mode):
     rng = np.random.default_rng()
     w = quantized(rng, 24, 64, GGMLType.Q8_0)
     for T in (1, 12):  # GEMV and tile paths
         x = torch.from_numpy(rng.standard_normal((T, 64), dtype=np.float32))
         x[0, 5] = float("nan")
-        y = K.linear_q8_0(x, w)
+        y = K.linear_q8_0(x, w, act=act_mode)
         assert torch.isnan(y[0]).all()
         assert torch.isfinite(y[1:]).all()
 
@@ -117,7 +115,7 @@ def test_linear_strided_rows():
     w = big[:, : 64 // 32 * 17]  # first 64 inputs of each row, rows 68 bytes apart
     x = torch.from_numpy(rng.standard_normal((2, 64), dtype=np.float32))
     ref = x.double() @ dequant64(np.ascontiguousarray(w), GGMLType.MXFP4).T
-    assert rel_err(K.linear_mxfp4(x, w), ref) < default_tol(LINEAR_TOL)
+    assert rel_err(K.linear_mxfp4(x, w), ref) < LINEAR_TOL
 
 
 def test_linear_bad_input_is_named():
@@ -136,7 +134,7 @@ def test_linear_bad_input_is_named():
 
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("T", [1, 3, 20])  # GEMV, several tokens, tile + GEMM
-def test_linear_group_equals_separate_calls(isa, T, use_isa):
+def test_linear_group_equals_separate_calls(isa, T, use_isa, act_mode):
     """q/k/v-style group: one call, outputs side by side, bit-identical to one call per matrix
     (same kernel, same input preparation); row counts that do not fill a 24-row work unit."""
     use_isa(isa)
@@ -144,14 +142,14 @@ def test_linear_group_equals_separate_calls(isa, T, use_isa):
     ws = [quantized(rng, n, 320, GGMLType.Q8_0) for n in (64, 16, 37)]
     biases = [torch.from_numpy(rng.standard_normal(64, dtype=np.float32)), None,
               torch.from_numpy(rng.standard_normal(37, dtype=np.float32))]
-    group = K.LinearGroup(ws, biases, GGMLType.Q8_0)
+    group = K.LinearGroup(ws, biases, GGMLType.Q8_0, act=act_mode)
     x = torch.from_numpy(rng.standard_normal((T, 320), dtype=np.float32))
     y = group(x)
     assert y.shape == (T, 117) and group.sizes == [64, 16, 37]
     for part, w, b in zip(torch.split(y, group.sizes, dim=1), ws, biases):
-        assert torch.equal(part, K.linear_q8_0(x, w, b))
+        assert torch.equal(part, K.linear_q8_0(x, w, b, act=act_mode))
         ref = x.double() @ dequant64(w, GGMLType.Q8_0).T + (0 if b is None else b.double())
-        assert rel_err(part, ref) < default_tol(LINEAR_TOL)
+        assert rel_err(part, ref) < default_tol(LINEAR_TOL, act_mode)
 
 
 def test_linear_group_bad_input_is_named():
@@ -169,7 +167,7 @@ def test_linear_group_bad_input_is_named():
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("t", TYPES)
 @pytest.mark.parametrize("T", [2, 3, 6, 8, 11, 16])
-def test_gemv_k_chunks_row_groups_and_even_passes(isa, t, T, use_isa):
+def test_gemv_k_chunks_row_groups_and_even_passes(isa, t, T, use_isa, act_mode):
     """K = 2880 and 53 rows through the streaming GEMV: the AVX2 variant walks K in chunks (32 to 8
     blocks per chunk, with a partial last one) over groups of 24 rows (two full and a tail), and
     11 or 16 tokens run as two even passes; against float64 on the dequantized weights."""
@@ -178,15 +176,15 @@ def test_gemv_k_chunks_row_groups_and_even_passes(isa, t, T, use_isa):
     w = quantized(rng, 53, 2880, t)
     x = torch.from_numpy(rng.standard_normal((T, 2880), dtype=np.float32))
     K.set_gemv_max_tokens(16)
-    y = K._linear(x, w, None, t)
+    y = K._linear(x, w, None, t, act_mode)
     ref = x.double() @ dequant64(w, t).T
-    assert torch.isfinite(y).all() and rel_err(y, ref) < default_tol(LINEAR_TOL)
+    assert torch.isfinite(y).all() and rel_err(y, ref) < default_tol(LINEAR_TOL, act_mode)
 
 
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("Kd", [352, 2912])  # 11 and 91 blocks
 @pytest.mark.parametrize("T", [1, 2, 3, 5, 8])
-def test_gemv_odd_block_count(isa, Kd, T, use_isa):
+def test_gemv_odd_block_count(isa, Kd, T, use_isa, act_mode):
     """An odd number of MXFP4 blocks per row through the streaming GEMV, unchunked and (2912 with
     3+ tokens) after K chunks that end on a partial one; against float64."""
     use_isa(isa)
@@ -194,6 +192,6 @@ def test_gemv_odd_block_count(isa, Kd, T, use_isa):
     w = quantized(rng, 29, Kd, GGMLType.MXFP4)
     x = torch.from_numpy(rng.standard_normal((T, Kd), dtype=np.float32))
     K.set_gemv_max_tokens(16)
-    y = K._linear(x, w, None, GGMLType.MXFP4)
+    y = K._linear(x, w, None, GGMLType.MXFP4, act_mode)
     ref = x.double() @ dequant64(w, GGMLType.MXFP4).T
-    assert torch.isfinite(y).all() and rel_err(y, ref) < default_tol(LINEAR_TOL)
+    assert torch.isfinite(y).all() and rel_err(y, ref) < default_tol(LINEAR_TOL, act_mode)

@@ -9,18 +9,18 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
     set_num_threads(n)             size of the persistent worker pool (default: physical cores,
                                    or env HYBRIDMOE_THREADS); num_threads() reads it
     set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used (16)
-    set_fast_math(on)              opt-in: the GEMV path on int8 activations (fast_math() reads it)
-    set_fp32_activations(on)       False: int16 activations on the GEMV path (default True: fp32)
+    Activations                    FP32 (default) | INT16 | INT8 (fast math): every matmul entry
+                                   point takes one per call (`act=`), so each model has its own
     ExpertTensors                  one layer's routed experts (mmap views)
-    moe_forward(...)               fused gpt-oss MoE layer; moe_forward_submit(...) -> Future
-    linear_q8_0 / linear_mxfp4     x @ W^T (+ bias) for quantized dense weights
+    moe_forward(...)               fused gpt-oss MoE layer
+    linear_q8_0 / linear_mxfp4     x @ W^T (+ bias) for quantized dense weights; LinearGroup
     dequantize(raw, ggml_type)     float32 copy through the kernels' own decoder (tests, tools)
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
+import enum
 import logging
 import os
 from dataclasses import dataclass, field
@@ -34,14 +34,49 @@ from hybridmoe.kernels import _lib, reference
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ExpertTensors", "available", "dequantize", "isa", "linear_mxfp4", "linear_q8_0", "moe_forward",
-    "moe_forward_submit", "num_threads", "set_gemv_max_tokens", "set_isa", "set_num_threads",
-    "fast_math", "set_fast_math", "fp32_activations", "set_fp32_activations", "ACT16_REL_ERR",
+    "ACT16_REL_ERR", "Activations", "ExpertTensors", "LinearGroup", "available", "dequantize", "isa",
+    "linear_mxfp4", "linear_q8_0", "moe_forward", "num_threads", "set_gemv_max_tokens", "set_isa",
+    "set_num_threads",
 ]
 
 # Stated error of the int16 GEMV path (two int16 terms per element, ~2^-24 of the block max):
 # max|y - y_exact| / max|y_exact| per GEMV / MoE layer, the fp32 path's bound (measured 2e-7..7e-7).
 ACT16_REL_ERR = 1e-5
+
+
+class Activations(enum.IntEnum):
+    """How a kernel call multiplies its activations with the quantized weights.
+
+    A per-call argument (not a process setting), so two models in one process can differ.
+
+    FP32: fp32 activations, ~1e-7 relative error per GEMV (the default).
+    INT16: on the GEMV path (few tokens per expert or dense call) each activation is split per
+        32-element block into two int16 terms (x = d (hi + lo 2^-16), d = max|x|/32767) and
+        multiplied in exact integer arithmetic (vpmaddwd / vpdpwssd), within ACT16_REL_ERR like
+        fp32; the tile path (many tokens) stays fp32. Opt-in: it measured no faster than fp32 on
+        Zen 4 (one term alone was 1.45x faster but 2-3e-4 off on the test models' logits).
+    INT8: fast math. Activations quantized per 32-element block to int8 (scale max|x|/127, round
+        to nearest) and multiplied in integer arithmetic, on the GEMV and the tile path: cold T=1
+        MoE layer ~1.5-1.7x faster on AVX2 (bench/kernels.py; the memory-bound Q8_0 head
+        ~1.1-1.3x), int8 GEMM on the tile path (MXFP4 ~1.4x, Q8_0 ~1.1x), at ~5e-3 relative error
+        per GEMV (~1e-2 through a MoE layer). NaN/inf in an input block gives NaN outputs.
+    The torch fallback (no library) always computes in fp32.
+    """
+
+    FP32 = 0
+    INT16 = 1
+    INT8 = 2
+
+    @classmethod
+    def for_fast_math(cls, fast_math: bool) -> "Activations":
+        """INT8 when fast math is asked for, else the exact default."""
+        return cls.INT8 if fast_math else cls.FP32
+
+
+def _act(act: Activations) -> int:
+    if not isinstance(act, Activations):
+        raise ValueError(f"act must be a kernels.Activations, got {act!r}")
+    return int(act)
 
 _ISAS = ("avx512", "avx2", "scalar")
 _BLOCK = {t: BLOCK_SIZES[t][1] for t in (GGMLType.MXFP4, GGMLType.Q8_0)}  # block bytes of the C-supported types
@@ -104,47 +139,6 @@ def set_gemv_max_tokens(n: int) -> None:
         raise ValueError(f"gemv_max_tokens must be an int >= 0, got {n!r}")
     if _lib_handle is not None:
         _lib_handle.hm_set_gemv_max_tokens(n)
-
-
-def set_fast_math(on: bool) -> None:
-    """Opt-in fast mode: int8 activations for every kernel matmul (GEMV and tile path).
-
-    Activations are quantized per 32-element block to int8 (scale max|x|/127, round to nearest)
-    and multiplied with the MXFP4/Q8_0 weights in integer arithmetic: cold T=1 MoE layer ~1.5-1.7x
-    faster on AVX2 (bench/kernels.py; the memory-bound Q8_0 head ~1.1-1.3x), at a relative error
-    of ~5e-3 per GEMV (~1e-2 through a MoE layer) vs ~1e-7 in the default fp32 mode. On the tile
-    path (many tokens per expert: prefill) an int8 GEMM (MXFP4 ~1.4x, Q8_0 ~1.1x the fp32 tile
-    GEMM's rate). NaN/inf in an input block gives NaN outputs. Process-wide; no
-    effect on the torch fallback."""
-    if not isinstance(on, bool):
-        raise ValueError(f"fast_math must be a bool, got {on!r}")
-    if _lib_handle is not None:
-        _lib_handle.hm_set_fast_math(int(on))
-
-
-def set_fp32_activations(on: bool) -> None:
-    """fp32 (default, True) or int16 (False) activations on the GEMV path (few tokens per expert
-    or dense call).
-
-    int16: each activation is split per 32-element block into two int16 terms (x = d (hi + lo
-    2^-16), d = max|x|/32767) and multiplied with the MXFP4/Q8_0 weights in exact integer
-    arithmetic (vpmaddwd / vpdpwssd), within ACT16_REL_ERR like fp32. One term alone was 1.45x
-    faster but 2-3e-4 off on the test models' logits; with both terms it measured no faster than
-    fp32 on Zen 4, hence opt-in. The tile path (many tokens) is fp32 either way; fast math wins."""
-    if not isinstance(on, bool):
-        raise ValueError(f"fp32_activations must be a bool, got {on!r}")
-    if _lib_handle is not None:
-        _lib_handle.hm_set_act16(int(not on))
-
-
-def fp32_activations() -> bool:
-    """True when the GEMV path multiplies fp32 activations (always True for the torch fallback)."""
-    return not _lib_handle.hm_get_act16() if _lib_handle else True
-
-
-def fast_math() -> bool:
-    """True when the int8-activation fast mode is on (always False without the library)."""
-    return bool(_lib_handle.hm_get_fast_math()) if _lib_handle else False
 
 
 def _physical_cores() -> int:
@@ -268,12 +262,14 @@ def _check_routing(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, H: int
 
 
 def moe_forward(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
-                experts: ExpertTensors, swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
+                experts: ExpertTensors, swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
+                act: Activations = Activations.FP32) -> torch.Tensor:
     """gpt-oss routed experts for all T tokens of a step, each expert's weights read once.
 
     x [T, H] f32, expert_ids [T, k] int32 (int64 accepted), expert_weights [T, k] f32 -> [T, H] f32:
     out[t] = sum_j w[t,j] * (down_e(swiglu(gate_e(x[t]) + bg, up_e(x[t]) + bu)) + bd), e = ids[t,j].
     """
+    mode = _act(act)
     H, _ = experts.dims()
     x, ids, wts = _check_routing(x, expert_ids, expert_weights, H)
     if _lib_handle is None or experts.ggml_type not in _BLOCK:
@@ -284,7 +280,7 @@ def moe_forward(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch
     E, I, fmt, g, gs, u, us, d, ds, gb, ub, db = experts.c_args()
     rc = _lib_handle.hm_moe_forward(x.data_ptr(), x.shape[0], H, ids.data_ptr(), wts.data_ptr(),
                                     ids.shape[1], E, I, fmt, g, gs, u, us, d, ds, gb, ub, db,
-                                    swiglu_alpha, swiglu_limit, out.data_ptr())
+                                    swiglu_alpha, swiglu_limit, out.data_ptr(), mode)
     if rc == _lib.ERR_BAD_EXPERT:
         bad = ids[(ids < 0) | (ids >= E)]
         raise ValueError(f"expert_ids out of range [0, {E}): {bad[:8].tolist()}")
@@ -293,22 +289,10 @@ def moe_forward(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch
     return out
 
 
-_executor: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def moe_forward_submit(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor,
-                       experts: ExpertTensors, swiglu_alpha: float = 1.702,
-                       swiglu_limit: float = 7.0) -> concurrent.futures.Future:
-    """moe_forward on a background thread (the C call releases the GIL), so the caller can
-    overlap other work; `.result()` waits. Inputs must not be modified until then."""
-    global _executor
-    if _executor is None:
-        _executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hybridmoe-moe")
-    return _executor.submit(moe_forward, x, expert_ids, expert_weights, experts, swiglu_alpha, swiglu_limit)
-
-
 # ----------------------------------------------------------------------------- dense
-def _linear(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None, t: GGMLType) -> torch.Tensor:
+def _linear(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None, t: GGMLType,
+            act: Activations = Activations.FP32) -> torch.Tensor:
+    mode = _act(act)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D [T, K] tensor, got {getattr(x, 'shape', type(x))}")
     N, K, stride = _weight_rows(w, "w", t, None, x.shape[1])
@@ -320,7 +304,7 @@ def _linear(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None, t: GGMLTy
         return reference.linear(x, w, t, bias)
     out = torch.empty((x.shape[0], N), dtype=torch.float32)
     rc = _lib_handle.hm_linear(int(t), x.data_ptr(), x.shape[0], K, _addr(w), N, stride,
-                               bias.data_ptr() if bias is not None else None, out.data_ptr())
+                               bias.data_ptr() if bias is not None else None, out.data_ptr(), mode)
     if rc:
         raise RuntimeError(f"hm_linear failed with code {rc}")
     return out
@@ -335,7 +319,9 @@ class LinearGroup:
     offsets[i]..offsets[i+1]-1 (split it with `torch.split(y, sizes, dim=1)`).
     """
 
-    def __init__(self, weights: list[np.ndarray], biases: list[torch.Tensor | None], ggml_type: GGMLType):
+    def __init__(self, weights: list[np.ndarray], biases: list[torch.Tensor | None], ggml_type: GGMLType,
+                 act: Activations = Activations.FP32):
+        self._mode = _act(act)
         if not 1 <= len(weights) <= 8 or len(biases) != len(weights):
             raise ValueError(f"LinearGroup takes 1..8 weights with one bias entry each, got "
                              f"{len(weights)} weights and {len(biases)} biases")
@@ -374,20 +360,22 @@ class LinearGroup:
             col += n
         rc = _lib_handle.hm_linear_multi(int(self.ggml_type), x.data_ptr(), x.shape[0], self.in_features,
                                          self._n, self._ws, self._Ns, self._strides, self._bs, self._outs,
-                                         self._ldos)
+                                         self._ldos, self._mode)
         if rc:
             raise RuntimeError(f"hm_linear_multi failed with code {rc}")
         return out
 
 
-def linear_q8_0(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_q8_0(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None,
+                act: Activations = Activations.FP32) -> torch.Tensor:
     """x [T, K] f32 @ W^T (+ bias [N]) -> [T, N] f32; W uint8 [N, K/32*34] Q8_0 (e.g. mmap view)."""
-    return _linear(x, w, bias, GGMLType.Q8_0)
+    return _linear(x, w, bias, GGMLType.Q8_0, act)
 
 
-def linear_mxfp4(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_mxfp4(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None,
+                 act: Activations = Activations.FP32) -> torch.Tensor:
     """x [T, K] f32 @ W^T (+ bias [N]) -> [T, N] f32; W uint8 [N, K/32*17] MXFP4."""
-    return _linear(x, w, bias, GGMLType.MXFP4)
+    return _linear(x, w, bias, GGMLType.MXFP4, act)
 
 
 # ----------------------------------------------------------------------------- attention

@@ -29,14 +29,10 @@ _SIGNATURES = {
     "hm_get_num_threads": ([], _I32),
     "hm_set_gemv_max_tokens": ([_I32], _I32),
     "hm_get_gemv_max_tokens": ([], _I32),
-    "hm_set_fast_math": ([_I32], _I32),
-    "hm_get_fast_math": ([], _I32),
-    "hm_set_act16": ([_I32], _I32),
-    "hm_get_act16": ([], _I32),
     "hm_quantize_q16": ([_P, _I64, _P, _P], _I64),
     "hm_dequant": ([_I32, _P, _I64, _I64, _I64, _P], _I32),
-    "hm_linear": ([_I32, _P, _I64, _I64, _P, _I64, _I64, _P, _P], _I32),
-    "hm_linear_multi": ([_I32, _P, _I64, _I64, _I32, _P, _P, _P, _P, _P, _P], _I32),
+    "hm_linear": ([_I32, _P, _I64, _I64, _P, _I64, _I64, _P, _P, _I32], _I32),
+    "hm_linear_multi": ([_I32, _P, _I64, _I64, _I32, _P, _P, _P, _P, _P, _P, _I32], _I32),
     "hm_rms_norm": ([_P, _I64, _I64, _P, _F, _P], _I32),
     "hm_read_probe": ([_P, _I64], ctypes.c_uint64),
     "hm_quantize_q8": ([_P, _I64, _P, _P], _I64),
@@ -44,9 +40,9 @@ _SIGNATURES = {
     "hm_attn_decode": ([_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P, _I64, _I64, _I64, _P,
                         _F, _P], _I32),
     "hm_moe_forward": ([_P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I32, _P, _I64, _P, _I64, _P, _I64,
-                        _P, _P, _P, _F, _F, _P], _I32),
+                        _P, _P, _P, _F, _F, _P, _I32], _I32),
 }
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 
 def _find_library() -> str | None:
