@@ -1,5 +1,6 @@
 """Device code paths run on the CPU: resident experts, staged CPU experts, streamed experts,
-converted/stored dense weights, the streaming cost model; each against the all-CPU kernels.
+converted/stored dense weights, the streaming cost model, the backend picked per layer; each
+against the all-CPU kernels.
 
 Relative error = ||a - b|| / ||b|| over the whole output; NaN never passes (rel_err is NaN then).
 """
@@ -14,11 +15,23 @@ import torch
 from hybridmoe import kernels
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.gguf.reader import open_model
-from hybridmoe.models.device_experts import RawExperts, decode, routed_experts
+from hybridmoe.models.device_experts import DEFAULT_DECODE_BUDGET_BYTES, RawExperts, decode, routed_experts
+from hybridmoe.models.device_options import DeviceOptions
+from hybridmoe.models.experts_cpu import StagedExperts
+from hybridmoe.models.experts_streamed import ExpertStreamer, StreamCost, StreamedExperts
 from hybridmoe.models.gpt_oss import SWIGLU_ALPHA, SWIGLU_LIMIT, GptOss, SeqChunk, tensor_names
-from hybridmoe.models.offload import ExpertStreamer, HostExperts, OffloadOptions, StreamCost
-from hybridmoe.models.weights import DenseLinear, ExpertLayer
+from hybridmoe.models.model_buffers import ModelBuffers
+from hybridmoe.models.weights import DenseLinear, SeparateQKV
+from hybridmoe.placement.expert_backends import (
+    CPU_KERNELS,
+    RESIDENT,
+    STAGED,
+    STREAMED,
+    expert_backend,
+    experts_device,
+)
 from hybridmoe.quant.torch_dequant import dequantize_torch
+from tests.model_helpers import AlwaysStream, rebuild_experts
 
 FP32_TOL = 1e-5
 
@@ -92,33 +105,57 @@ def test_routed_experts_skip_unheld_ids():
     assert rel_err(got, ref) < FP32_TOL
 
 
+CPU = torch.device("cpu")
+FP32 = kernels.Activations.FP32
+
+
+def streamer(ex: kernels.ExpertTensors, buffers: ModelBuffers, upload_layers: int = 1) -> ExpertStreamer:
+    return ExpertStreamer(ex, SWIGLU_ALPHA, SWIGLU_LIMIT, CPU, buffers, upload_layers, torch.float32,
+                          DEFAULT_DECODE_BUDGET_BYTES)
+
+
 @pytest.mark.parametrize("T", [1, 33])
 def test_streamer_matches_cpu_kernels(T):
     ex = random_experts(10 + T)
     x, ids, w = routing(T, T, 8, 2)
     ref = kernels.moe_forward(x, ids, w, ex)
-    # upload_slots=1 on 8 experts: chunks of 4 alternate between the two staging slots.
-    st = ExpertStreamer(ex, SWIGLU_ALPHA, SWIGLU_LIMIT, torch.device("cpu"), OffloadOptions(upload_slots=1))
-    assert st.per_slot == 4
-    turn = st.slots.turn
-    for _ in range(2):  # slots are reused on the second call
+    # One layer's worth on 8 experts: chunks of 4 alternate between the two upload buffers.
+    buffers = ModelBuffers()
+    st = streamer(ex, buffers)
+    assert st.per_buffer == 4
+    turn = st.uploads.turn
+    for _ in range(2):  # the buffers are reused on the second call
         assert rel_err(st(x, ids, w), ref) < FP32_TOL
-    assert st.slots.turn - turn == 2 * math.ceil(len(torch.unique(ids)) / 4)
-    # Another layer with the same shapes shares the staging slots (one set per model, not per layer).
-    other = ExpertStreamer(random_experts(99), SWIGLU_ALPHA, SWIGLU_LIMIT, torch.device("cpu"), OffloadOptions())
-    assert other.slots is st.slots
+    assert st.uploads.turn - turn == 2 * math.ceil(len(torch.unique(ids)) / 4)
+    # Another layer of the same model and shapes shares the upload buffers (one set per model);
+    # another model has its own.
+    assert streamer(random_experts(99), buffers).uploads is st.uploads
+    assert streamer(random_experts(99), ModelBuffers()).uploads is not st.uploads
 
 
 @pytest.mark.parametrize("mode", ["staged", "streamed"])
-def test_host_experts_paths(mode):
+def test_staged_and_streamed_backends(mode):
     ex = random_experts(7)
     x, ids, w = routing(8, 17, 8, 2)
-    opts = OffloadOptions(stage_on_cpu=True, stream="always" if mode == "streamed" else "never")
-    he = HostExperts(ex, SWIGLU_ALPHA, SWIGLU_LIMIT, opts)
+    buffers = ModelBuffers()
+    staged = StagedExperts(ex, SWIGLU_ALPHA, SWIGLU_LIMIT, FP32, CPU, buffers)
+    backend = staged if mode == "staged" else StreamedExperts(staged, streamer(ex, buffers), AlwaysStream())
+    assert backend.kind == (STAGED if mode == "staged" else STREAMED)
     for T in (17, 3, 17):  # staging buffers grow, then are reused
-        got = he(x[:T], ids[:T], w[:T])
-        assert he.last_path == mode
+        got = backend(x[:T], ids[:T], w[:T])
+        if mode == "streamed":
+            assert backend.last_path == "streamed"
         assert rel_err(got, kernels.moe_forward(x[:T], ids[:T], w[:T], ex)) < FP32_TOL
+
+
+def test_streamed_backend_stages_small_batches():
+    ex = random_experts(3)
+    x, ids, w = routing(2, 2, 8, 2)
+    buffers = ModelBuffers()
+    backend = StreamedExperts(StagedExperts(ex, SWIGLU_ALPHA, SWIGLU_LIMIT, FP32, CPU, buffers),
+                              streamer(ex, buffers), StreamCost())
+    assert rel_err(backend(x, ids, w), kernels.moe_forward(x, ids, w, ex)) < FP32_TOL
+    assert backend.last_path == "staged"  # 2 tokens: the cost model keeps them on the CPU kernels
 
 
 # --- streaming cost model --------------------------------------------------------------------
@@ -142,12 +179,13 @@ def test_cost_model_constants_move_the_threshold():
     assert _decision(StreamCost(cpu_gflops=1e6, cpu_gbps=1e4), 512) is False  # very fast CPU
 
 
-def test_auto_never_streams_for_cpu_activations():
-    he = HostExperts(random_experts(2), SWIGLU_ALPHA, SWIGLU_LIMIT, OffloadOptions(stream="auto"))
-    ids = torch.arange(8, dtype=torch.int32).view(4, 2)
-    assert he.wants_stream(torch.device("cpu"), ids) is False
-    off = HostExperts(random_experts(2), SWIGLU_ALPHA, SWIGLU_LIMIT, OffloadOptions(stream="always", upload_slots=0))
-    assert off.wants_stream(torch.device("cpu"), ids) is False
+def test_backend_rule():
+    assert expert_backend("cpu", "cpu", 1) == CPU_KERNELS  # never staged or streamed for CPU activations
+    assert expert_backend("cuda:0", "cpu", 0) == STAGED  # no upload buffers: never streamed
+    assert expert_backend("cuda:0", "cpu", 2) == STREAMED
+    assert expert_backend("cpu", "cuda:0", 0) == expert_backend("cuda:0", "cuda:0", 1) == RESIDENT
+    assert experts_device(["cuda:0", "cpu", "cuda:0"]) == "cpu"  # -ot split: the mmap serves all
+    assert experts_device(["cuda:1", "cuda:1"]) == "cuda:1"
 
 
 @pytest.mark.parametrize("dtype,kernel,tol", [("f32", True, FP32_TOL), ("stored", False, FP32_TOL),
@@ -171,20 +209,22 @@ def test_dense_rejects_unknown_dtype(tiny_gguf):
         DenseLinear(open_model(tiny_gguf), "output.weight", None, torch.device("cpu"), "int4")
 
 
-def test_offload_options_from_placement():
-    from hybridmoe.placement import PlacementOptions
+def test_device_options_from_the_plan(tiny_gguf):
+    from hybridmoe.models.gpt_oss import GptOssConfig
+    from hybridmoe.placement import PlacementOptions, make_plan
 
-    class FakePlan:
-        options = PlacementOptions(upload_slots=2, gpu_dense_dtype="f16")
-
-    o = OffloadOptions.from_placement(FakePlan())
+    mf = open_model(tiny_gguf)
+    plan = make_plan(GptOssConfig.from_metadata(mf.metadata), mf.tensors,
+                     PlacementOptions(gpu_device="cpu", upload_slots=2, gpu_dense_dtype="f16"))
+    o = DeviceOptions.from_plan(plan)
     gpu, cpu = torch.device("cuda:0"), torch.device("cpu")
-    assert (o.upload_slots, o.dense_dtype(gpu), o.dense_dtype(cpu)) == (2, "f16", None)
-    d = OffloadOptions.from_placement(object())
-    assert (d.upload_slots, d.dense_dtype(gpu)) == (1, None)
+    assert (o.upload_buffers, o.dense_dtype(gpu), o.dense_dtype(cpu)) == (2, "f16", None)
+    d = DeviceOptions()
+    assert (d.upload_buffers, d.dense_dtype(gpu)) == (1, None)
     assert d.dtype_for(gpu) == torch.bfloat16 and d.dtype_for(cpu) == torch.float32
-    with pytest.raises(ValueError, match="stream"):
-        OffloadOptions(stream="sometimes")
+    with pytest.raises(ValueError, match="upload_buffers"):
+        DeviceOptions(upload_buffers=-1)
+    assert GptOss(mf, plan).expert_backends == [CPU_KERNELS] * 4  # an all-CPU plan: the C kernels
 
 
 # --- whole model: split placements on the CPU ----------------------------------------------
@@ -193,19 +233,12 @@ def _logits(model: GptOss, ids: list[int]) -> torch.Tensor:
     return model.forward([SeqChunk(cache, ids)], all_logits=True)
 
 
-def _expert_layer(mf, model: GptOss, i: int, **kw) -> ExpertLayer:
-    cfg = model.config
-    names = tensor_names(cfg, i)
-    fused = names["gate_up_exps"] in mf.tensors
-    return ExpertLayer(mf, names, fused, torch.device("cpu"), cfg.expert_ffn, SWIGLU_ALPHA, SWIGLU_LIMIT, **kw)
-
-
 def _dense_swap(mf, model: GptOss, layers: list[int], dtype: str, kernel: bool = True) -> None:
     for i in layers:
         n = tensor_names(model.config, i)
-        layer = model.layers[i]
-        for attr in ("q", "k", "v", "o"):
-            setattr(layer, attr, DenseLinear(mf, n[attr], n[attr + "_bias"], layer.device, dtype, kernel=kernel))
+        attn = model.layers[i].attention
+        q, k, v, o = (DenseLinear(mf, n[p], n[p + "_bias"], attn.device, dtype, kernel=kernel) for p in "qkvo")
+        attn.qkv, attn.o = SeparateQKV(q, k, v), o
 
 
 @pytest.fixture(scope="module")
@@ -220,17 +253,17 @@ def test_split_placement_logits_match_all_cpu(tiny_pair):
     model = GptOss(mf)
     # Layer 0: experts resident (device code path); 1: CPU kernels through the staging buffers;
     # 2: streamed hit experts; 3: untouched. Dense: f32-converted and stored-decoded paths.
-    model.layers[0].experts = _expert_layer(mf, model, 0, resident=True)
-    staged = OffloadOptions(stage_on_cpu=True, stream="never")
-    model.layers[1].experts = _expert_layer(mf, model, 1, offload=staged)
-    model.layers[2].experts = _expert_layer(mf, model, 2, offload=OffloadOptions(stream="always"))
+    rebuild_experts(model, 0, RESIDENT)
+    rebuild_experts(model, 1, STAGED)
+    streamed = rebuild_experts(model, 2, STREAMED, DeviceOptions(cost=AlwaysStream()))
     _dense_swap(mf, model, [0, 1], "f32")
     _dense_swap(mf, model, [2], "stored", kernel=False)
     model.output = DenseLinear(mf, "output.weight", None, torch.device("cpu"), "stored", kernel=False)
     got = _logits(model, ids)
-    assert model.layers[1].experts.impl.last_path == "staged"
-    assert model.layers[2].experts.impl.last_path == "streamed"
-    assert model.layers[2].q.raw_dev is not None and model.layers[0].q.weight is not None
+    assert model.expert_backends == [RESIDENT, STAGED, STREAMED, CPU_KERNELS]
+    assert streamed.last_path == "streamed"
+    assert model.layers[2].attention.qkv.q.raw_dev is not None
+    assert model.layers[0].attention.qkv.q.weight is not None
     assert rel_err(got, ref) < FP32_TOL
     # Decode steps (one token at a time) through the same split model.
     cache_a, cache_b = model.make_cache(40), GptOss(mf).make_cache(40)
@@ -257,9 +290,9 @@ def test_bf16_error_is_bounded(tiny_pair):
     got = _logits(model, ids)
     per_token = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).median().item()
     dense_err = rel_err(got, ref)
-    bf16 = OffloadOptions(compute_dtype=torch.bfloat16)
+    bf16 = DeviceOptions(compute_dtype=torch.bfloat16)
     for i in range(model.config.n_layers):
-        model.layers[i].experts = _expert_layer(mf, model, i, resident=True, offload=bf16)
+        rebuild_experts(model, i, RESIDENT, bf16)
     all_err = rel_err(_logits(model, ids), ref)
     assert 1e-3 < per_token < 0.08
     assert 1e-3 < dense_err < 0.25
@@ -276,21 +309,21 @@ def test_cuda_logits_match_cpu(tiny_pair):
     plan = make_plan(cfg, mf.tensors, PlacementOptions(n_cpu_moe=2))  # experts 0-1 CPU, 2-3 GPU
     model = GptOss(mf, plan)
     layers = model.layers
-    assert layers[0].device.type == "cuda" and layers[0].experts.cpu is not None
-    assert layers[3].experts.cpu is None
+    assert layers[0].device.type == "cuda"
+    assert model.expert_backends == [STREAMED, STREAMED, RESIDENT, RESIDENT]
     got = _logits(model, ids).cpu()  # defaults: bf16 dense and device experts
     assert ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).median().item() < 0.08
     assert rel_err(got, ref) < 0.25
     # Tiny experts (6.5 kB): the fixed per-layer streaming overhead loses to the CPU kernels.
-    assert layers[0].experts.impl.last_path == "staged"
+    assert layers[0].moe.experts.last_path == "staged"
     # float32 everywhere on the GPU: the same numbers as the CPU kernels.
     _dense_swap(mf, model, list(range(cfg.n_layers)), "f32")
     model.output = DenseLinear(mf, "output.weight", None, model.out_device, "f32")
     for layer in layers[2:]:
-        layer.experts.impl.dtype = torch.float32
+        layer.moe.experts.dtype = torch.float32
     assert rel_err(_logits(model, ids).cpu(), ref) < 1e-4
-    for layer in layers[:2]:  # stream the CPU layers' hit experts through the staging slots
-        layer.experts.impl.opts.stream = "always"
-        layer.experts.impl.opts.compute_dtype = torch.float32
+    for layer in layers[:2]:  # stream the CPU layers' hit experts through the upload buffers
+        layer.moe.experts.cost = AlwaysStream()
+        layer.moe.experts.streamer.dtype = torch.float32
     assert rel_err(_logits(model, ids).cpu(), ref) < 1e-4
-    assert layers[0].experts.impl.last_path == "streamed"
+    assert layers[0].moe.experts.last_path == "streamed"

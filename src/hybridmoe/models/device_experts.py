@@ -1,7 +1,7 @@
 """Routed experts computed with torch on the device that holds their raw blocks.
 
 Used for experts resident on an accelerator (raw MXFP4 uploaded once, 4.25 bits/weight) and for
-the hit experts a prompt batch streams up from the CPU (offload.ExpertStreamer). Both keep the
+the hit experts a prompt batch streams up from the CPU (experts_streamed.ExpertStreamer). Both keep the
 weights quantized in memory and decode only the experts the batch hits, a few at a time, to the
 compute dtype. With float32 the result equals the CPU kernels' to fp32 rounding (tests run it on
 the CPU); bf16 (the CUDA default) is exact for the MXFP4 weights and rounds the activations to
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.placement.expert_backends import RESIDENT
 from hybridmoe.quant.formats import MXFP4_LUT2
 from hybridmoe.quant.torch_dequant import dequantize_torch, e8m0_to_fp32_half_torch
 
@@ -77,9 +78,9 @@ def decode(raw: torch.Tensor, t: GGMLType, dtype: torch.dtype) -> torch.Tensor:
 
 @dataclass
 class Grouping:
-    """The routed (token, slot) pairs sorted by expert; computed where `ids` lives.
+    """The routed (token, choice) pairs sorted by expert; computed where `ids` lives.
 
-    pairs: [R] flat pair index (token * k + slot) in expert order; tok: [R] token of each row;
+    pairs: [R] flat pair index (token * k + choice j) in expert order; tok: [R] token of each row;
     starts: n + 1 host ints, rows of expert e are starts[e]:starts[e + 1].
     """
 
@@ -122,7 +123,7 @@ def experts_per_decode(experts: RawExperts, dtype: torch.dtype, budget_bytes: in
 
 
 def _select(experts: RawExperts, js: list[int]) -> tuple[torch.Tensor, ...]:
-    """gate, up, down rows of experts js. A consecutive run (always, for streamed slots) is a
+    """gate, up, down rows of experts js. A consecutive run (always, for upload buffers) is a
     slice: no index tensor to upload, hence no host-device sync inside the streaming loop."""
     parts = (experts.gate, experts.up, experts.down)
     if js == list(range(js[0], js[0] + len(js))):
@@ -176,7 +177,7 @@ def routed_experts(
     out: torch.Tensor | None = None,
     decode_budget_bytes: int = DEFAULT_DECODE_BUDGET_BYTES,
 ) -> torch.Tensor:
-    """out[t] += sum over slots j with ids[t, j] >= 0 of weights[t, j] * expert_{ids[t, j]}(h[t]).
+    """out[t] += sum over choices j with ids[t, j] >= 0 of weights[t, j] * expert_{ids[t, j]}(h[t]).
 
     h: [T, H] float32; ids: [T, k] int ids into `experts` (-1 = skip); weights: [T, k] float32;
     all on the experts' device. Returns `out` ([T, H] float32, zeros if None).
@@ -196,6 +197,8 @@ def routed_experts(
 
 class ResidentExperts:
     """A layer's experts uploaded once to `device` as raw blocks; decoded per hit expert."""
+
+    kind = RESIDENT
 
     def __init__(self, experts: RawExperts, alpha: float, limit: float, dtype: torch.dtype,
                  decode_budget_bytes: int = DEFAULT_DECODE_BUDGET_BYTES):

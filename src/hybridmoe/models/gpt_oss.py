@@ -5,32 +5,31 @@ logit per head (sliding window of 128 on even layers, full causal on odd ones) -
 RMSNorm -> router top-k then softmax over the k -> clamped SwiGLU experts with biases ->
 residual. Final RMSNorm and an untied output head. See docs/gpt-oss.md.
 
-Expert tensors stay in the GGUF mmap and run through `hybridmoe.kernels` when placed on the
-CPU; every other tensor is loaded onto its placed device (CPU float32 by default).
+Blocks read like the model card; where each part runs (C kernels on the mmap, torch on an
+accelerator, experts streamed) is decided once at load: the routed experts by
+expert_backends.make_routed_experts from the plan, the attention by attention.pick_attention.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from hybridmoe import kernels
 from hybridmoe.gguf.reader import ModelFile
+from hybridmoe.models.attention import pick_attention
+from hybridmoe.models.device_options import DeviceOptions
+from hybridmoe.models.expert_backends import RoutedExperts, load_layer_experts, make_routed_experts
 from hybridmoe.models.gpt_oss_config import ARCH, SWIGLU_ALPHA, SWIGLU_LIMIT, GptOssConfig
 from hybridmoe.models.kv_cache import CacheLayout, SequenceKVCache
-from hybridmoe.models.layers import (
-    RopeTable,
-    apply_rope_neox,
-    attention_with_sinks,
-    rms_norm,
-    yarn_inv_freq,
-)
-from hybridmoe.models.offload import OffloadOptions
-from hybridmoe.models.weights import DenseLinear, ExpertLayer, load_f32
+from hybridmoe.models.layers import RopeTable, rms_norm, yarn_inv_freq
+from hybridmoe.models.loader import AllOn, Placement, WeightLoader
+from hybridmoe.models.step import SeqChunk, StepBatch
+from hybridmoe.models.weights import qkv_projection
+from hybridmoe.placement.expert_backends import expert_backend, experts_device
+from hybridmoe.placement.plan import Plan
 from hybridmoe.quant.torch_dequant import dequantize_torch
 
 __all__ = ["ARCH", "GptOss", "GptOssConfig", "SeqChunk"]
@@ -69,109 +68,140 @@ def expected_shapes(cfg: GptOssConfig, layer: int) -> dict[str, tuple[int, ...]]
     }
 
 
-class Placement(Protocol):
-    def device_of(self, name: str) -> str: ...
-
-
-class _AllOn:
-    def __init__(self, device: str):
-        self.device = device
-
-    def device_of(self, name: str) -> str:
-        return self.device
-
-
-@dataclass
-class SeqChunk:
-    """Tokens to append to one sequence; their positions continue at cache.length."""
-
-    cache: SequenceKVCache
-    tokens: list[int]
-
-
-class _Layer:
-    def __init__(self, model: "GptOss", mf: ModelFile, cfg: GptOssConfig, i: int, placement: Placement):
-        names = tensor_names(cfg, i)
-        shapes = expected_shapes(cfg, i)
-        fused = names["gate_up_exps"] in mf.tensors
-        for key, name in names.items():
-            if key.startswith(("gate_exps", "up_exps")) and fused:
-                continue
-            if key.startswith("gate_up_exps") and not fused:
-                continue
+def _check_layer_tensors(mf: ModelFile, cfg: GptOssConfig, i: int) -> tuple[dict[str, str], bool]:
+    """Every tensor of layer i present with its shape; returns the names and whether gate/up are
+    one fused tensor."""
+    names = tensor_names(cfg, i)
+    shapes = expected_shapes(cfg, i)
+    fused = names["gate_up_exps"] in mf.tensors
+    absent = ("gate_exps", "up_exps") if fused else ("gate_up_exps",)
+    for key, name in names.items():
+        if not key.startswith(absent):
             mf.require(name, shapes[key])
-        self.device = torch.device(placement.device_of(names["q"]))
-        dev = self.device
-        off = OffloadOptions.from_placement(placement)
-        self.sliding = cfg.layer_is_sliding(i)
-        self.attn_norm = load_f32(mf, names["attn_norm"], dev)
-        self.q = DenseLinear(mf, names["q"], names["q_bias"], dev, off.dense_dtype(dev))
-        self.k = DenseLinear(mf, names["k"], names["k_bias"], dev, off.dense_dtype(dev))
-        self.v = DenseLinear(mf, names["v"], names["v_bias"], dev, off.dense_dtype(dev))
-        self.o = DenseLinear(mf, names["o"], names["o_bias"], dev, off.dense_dtype(dev))
-        # q, k, v read by the C kernel from the mmap: one call for the three (decode steps are
-        # short enough that a call's fixed cost shows).
-        parts = (self.q, self.k, self.v)
-        self.qkv = None
-        if all(p.raw is not None and p.ggml_type == self.q.ggml_type for p in parts):
-            self.qkv = kernels.LinearGroup([p.raw for p in parts], [p.bias for p in parts], self.q.ggml_type)
-        self.sinks = load_f32(mf, names["sinks"], dev)
-        mlp_dev = torch.device(placement.device_of(names["router"]))
-        self.mlp_device = mlp_dev
-        self.mlp_norm = load_f32(mf, names["mlp_norm"], mlp_dev)
-        self.router_w = load_f32(mf, names["router"], mlp_dev)
-        self.router_b = load_f32(mf, names["router_bias"], mlp_dev)
-        exp_name = names["gate_up_exps" if fused else "gate_exps"]
-        self.experts = ExpertLayer(
-            mf, names, fused, torch.device(placement.device_of(exp_name)),
-            cfg.expert_ffn, SWIGLU_ALPHA, SWIGLU_LIMIT, offload=off,
-        )
+    return names, fused
+
+
+class AttentionBlock:
+    """RMSNorm -> q/k/v projections -> rope, KV cache, attention with sinks -> output projection."""
+
+    def __init__(self, load: WeightLoader, cfg: GptOssConfig, i: int, names: dict[str, str], kv_dtype: torch.dtype):
+        self.device = load.device(names["q"])
+        self.cfg = cfg
+        self.norm = load.f32(names["attn_norm"])
+        q, k, v = (load.dense(names[p], names[p + "_bias"]) for p in ("q", "k", "v"))
+        self.qkv = qkv_projection(q, k, v, load.act)
+        self.o = load.dense(names["o"], names["o_bias"])
+        window = cfg.sliding_window if cfg.layer_is_sliding(i) else None
+        self.attend = pick_attention(i, self.device, kv_dtype, load.f32(names["sinks"]),
+                                     1.0 / math.sqrt(cfg.head_dim), window)
+
+    def __call__(self, x: torch.Tensor, step: StepBatch) -> torch.Tensor:
+        cfg = self.cfg
+        x = x.to(self.device)
+        N = x.shape[0]
+        q, k, v = self.qkv(rms_norm(x, self.norm, cfg.rms_eps))
+        out = self.attend(q.view(N, cfg.n_heads, cfg.head_dim), k.view(N, cfg.n_kv_heads, cfg.head_dim),
+                          v.view(N, cfg.n_kv_heads, cfg.head_dim), step)
+        return x + self.o(out.view(N, cfg.n_heads * cfg.head_dim))
+
+
+class MoEBlock:
+    """RMSNorm -> router top-k on raw logits, softmax over the k -> clamped SwiGLU experts."""
+
+    def __init__(self, load: WeightLoader, cfg: GptOssConfig, names: dict[str, str], fused: bool):
+        self.device = load.device(names["router"])
+        self.cfg = cfg
+        self.norm = load.f32(names["mlp_norm"])
+        self.router_w = load.f32(names["router"])
+        self.router_b = load.f32(names["router_bias"])
+        parts = [names[p] for p in (("gate_up_exps",) if fused else ("gate_exps", "up_exps")) + ("down_exps",)]
+        exp_dev = experts_device([load.placement.device_of(n) for n in parts])
+        kind = expert_backend(str(self.device), exp_dev, load.options.upload_buffers)
+        self.experts: RoutedExperts = make_routed_experts(
+            kind, load_layer_experts(load.file, names, fused, cfg.expert_ffn),
+            activations_device=self.device, experts_device=torch.device(exp_dev), alpha=SWIGLU_ALPHA,
+            limit=SWIGLU_LIMIT, act=load.act, buffers=load.buffers, options=load.options)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device)
+        h = rms_norm(x, self.norm, self.cfg.rms_eps)
+        logits = torch.nn.functional.linear(h, self.router_w, self.router_b)
+        vals, idx = torch.topk(logits, self.cfg.n_experts_used, dim=-1)
+        return x + self.experts(h, idx.to(torch.int32), torch.softmax(vals, dim=-1))
+
+
+class TransformerBlock:
+    """One layer: attention block, then MoE block, each adding to the residual stream."""
+
+    def __init__(self, load: WeightLoader, cfg: GptOssConfig, i: int, kv_dtype: torch.dtype):
+        names, fused = _check_layer_tensors(load.file, cfg, i)
+        self.attention = AttentionBlock(load, cfg, i, names, kv_dtype)
+        self.moe = MoEBlock(load, cfg, names, fused)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the layer's attention and KV cache live."""
+        return self.attention.device
+
+    def __call__(self, x: torch.Tensor, step: StepBatch) -> torch.Tensor:
+        return self.moe(self.attention(x, step))
 
 
 class GptOss:
-    """The model: weights, forward over a batch of sequence chunks, cache factory."""
+    """The model: weights, forward over a batch of sequence chunks, cache factory.
 
-    def __init__(self, model_file: ModelFile, placement: Placement | None = None, progress: bool = False):
+    fast_math: int8 activations in this model's kernel calls (kernels.Activations); or set
+    `activations` directly (INT16 for the two-term int16 GEMV path).
+    device_options: how off-CPU weights are held (default: from the plan, else DeviceOptions()).
+    The model owns its staging/upload buffers (`buffers`); they go when it goes.
+    """
+
+    def __init__(self, model_file: ModelFile, placement: Placement | None = None, progress: bool = False, *,
+                 fast_math: bool = False, activations: kernels.Activations | None = None,
+                 device_options: DeviceOptions | None = None):
         self.config = cfg = GptOssConfig.from_metadata(model_file.metadata, model_file.path)
-        self.file = model_file
-        placement = placement or _AllOn("cpu")
-        self.placement = placement
+        self.file = mf = model_file
+        self.placement = placement = placement or AllOn("cpu")
+        if device_options is None:
+            device_options = DeviceOptions.from_plan(placement) if isinstance(placement, Plan) else DeviceOptions()
+        self.activations = activations if activations is not None else kernels.Activations.for_fast_math(fast_math)
+        load = WeightLoader(mf, placement, device_options, self.activations)
+        self.buffers = load.buffers
         H, V = cfg.hidden, cfg.vocab_size
-        mf = model_file
         mf.require("token_embd.weight", (H, V))
         mf.require("output_norm.weight", (H,))
         mf.require("output.weight", (H, V))
         # The embedding is a row gather: it stays in the mmap on the CPU (as llama.cpp does).
         self.embd_raw = mf.raw("token_embd.weight")
         self.embd_type = mf.tensors["token_embd.weight"].ggml_type
+        # KV in float32 on the CPU (exact, and what the C decode attention reads); float16 when
+        # any layer is on an accelerator, where VRAM is the budget (llama.cpp's default KV type).
+        on_cpu = all(load.device(f"blk.{i}.attn_q.weight").type == "cpu" for i in range(cfg.n_layers))
+        self.kv_dtype = torch.float32 if on_cpu else torch.float16
         layers = range(cfg.n_layers)
         if progress:
             from tqdm import tqdm
 
             layers = tqdm(layers, desc="loading layers", unit="layer")
         self._swa_full = False
-        self.layers = [_Layer(self, mf, cfg, i, placement) for i in layers]
-        out_dev = torch.device(placement.device_of("output.weight"))
-        self.out_device = out_dev
-        self.output_norm = load_f32(mf, "output_norm.weight", out_dev)
-        self.output = DenseLinear(
-            mf, "output.weight", None, out_dev, OffloadOptions.from_placement(placement).dense_dtype(out_dev)
-        )
+        self.layers = [TransformerBlock(load, cfg, i, self.kv_dtype) for i in layers]
+        self.out_device = load.device("output.weight")
+        self.output_norm = load.f32("output_norm.weight")
+        self.output = load.dense("output.weight", None)
         inv_freq, conc = yarn_inv_freq(
             cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, cfg.rope_original_ctx,
             cfg.yarn_beta_fast, cfg.yarn_beta_slow,
         )
         self.rope = RopeTable(inv_freq, conc)
-        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+
+    @property
+    def expert_backends(self) -> list[str]:
+        """The routed-expert backend of each layer ("cpu" | "staged" | "stream" | "gpu")."""
+        return [layer.moe.experts.kind for layer in self.layers]
 
     # --- cache ---------------------------------------------------------------------------
-    def cache_layout(self, dtype: torch.dtype | None = None) -> CacheLayout:
-        """KV in float32 on the CPU (exact); float16 when any layer is on an accelerator, where
-        VRAM is the budget (llama.cpp's default KV type)."""
+    def cache_layout(self) -> CacheLayout:
         cfg = self.config
-        if dtype is None:
-            on_cpu = all(layer.device.type == "cpu" for layer in self.layers)
-            dtype = torch.float32 if on_cpu else torch.float16
         return CacheLayout(
             n_layers=cfg.n_layers,
             sliding=tuple(cfg.layer_is_sliding(i) for i in range(cfg.n_layers)),
@@ -179,7 +209,7 @@ class GptOss:
             head_dim=cfg.head_dim,
             window=cfg.sliding_window,
             devices=tuple(layer.device for layer in self.layers),
-            dtype=dtype,
+            dtype=self.kv_dtype,
             # --swa-full: sliding layers as long as the context, so any cached prefix can be reused.
             **({"slack": 2**31} if self._swa_full else {}),
         )
@@ -216,9 +246,8 @@ class GptOss:
             if want != prev:
                 torch.set_num_threads(prev)
 
-    @torch.inference_mode()
-    def _forward(self, chunks: list[SeqChunk], all_logits: bool) -> torch.Tensor:
-        cfg = self.config
+    def _check(self, chunks: list[SeqChunk]) -> np.ndarray:
+        """The step's token ids, after checking chunk sizes, context room and the id range."""
         if not chunks or any(len(c.tokens) == 0 for c in chunks):
             raise ValueError("forward needs at least one token per chunk")
         for c in chunks:
@@ -228,70 +257,21 @@ class GptOss:
                     f"> context size {c.cache.max_ctx}"
                 )
         ids = np.fromiter((t for c in chunks for t in c.tokens), dtype=np.int64)
-        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
-            raise ValueError(f"token id out of range 0..{cfg.vocab_size - 1}")
-        lens = [len(c.tokens) for c in chunks]
-        positions = torch.cat([torch.arange(c.cache.length, c.cache.length + n) for c, n in zip(chunks, lens)])
-        N = len(ids)
-        Hq, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError(f"token id out of range 0..{self.config.vocab_size - 1}")
+        return ids
+
+    @torch.inference_mode()
+    def _forward(self, chunks: list[SeqChunk], all_logits: bool) -> torch.Tensor:
+        ids = self._check(chunks)
+        step = StepBatch(chunks, self.rope)
         x = self.embed(ids)
-        pos0s = [c.cache.length for c in chunks]
-        rope_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        qpos_cache: dict[torch.device, list[torch.Tensor]] = {}
-        for li, layer in enumerate(self.layers):
-            dev = layer.device
-            x = x.to(dev)
-            if dev not in rope_cache:
-                rope_cache[dev] = self.rope.cos_sin(positions, dev)
-                pdev = positions.to(dev)
-                qpos_cache[dev] = list(torch.split(pdev, lens))
-            cos, sin = rope_cache[dev]
-            h = rms_norm(x, layer.attn_norm, cfg.rms_eps)
-            if layer.qkv is not None:
-                q, k, v = torch.split(layer.qkv(h), layer.qkv.sizes, dim=1)
-            else:
-                q, k, v = layer.q(h), layer.k(h), layer.v(h)
-            q, k, v = q.view(N, Hq, D), k.view(N, Hkv, D), v.view(N, Hkv, D)
-            window = cfg.sliding_window if layer.sliding else None
-            one_call = dev.type == "cpu" and kernels.available()
-            outs = []
-            off = 0
-            for c, n, pos0, q_pos in zip(chunks, lens, pos0s, qpos_cache[dev]):
-                if n == 1 and one_call and c.cache.layout.dtype == torch.float32:
-                    # Decode: rope, cache write and attention in one C call (see attn_decode).
-                    kc, vc, kpos, slot, n_keys = c.cache.decode_slot(li, pos0)
-                    outs.append(kernels.attn_decode(
-                        q[off], k[off], v[off], cos[off, 0], sin[off, 0], kc, vc, slot, kpos, pos0,
-                        n_keys, window or 0, layer.sinks, self.scale,
-                    )[None])
-                    off += n
-                    continue
-                qc = apply_rope_neox(q[off : off + n], cos[off : off + n], sin[off : off + n])
-                kr = apply_rope_neox(k[off : off + n], cos[off : off + n], sin[off : off + n])
-                k_all, v_all, k_pos = c.cache.update(li, kr, v[off : off + n], pos0)
-                outs.append(
-                    attention_with_sinks(
-                        qc, k_all, v_all, layer.sinks,
-                        q_pos, k_pos, self.scale, window, keys_in_order=not layer.sliding,
-                    )
-                )
-                off += n
-            attn = torch.cat(outs).view(N, Hq * D)
-            x = x + layer.o(attn)
-            x = x.to(layer.mlp_device)
-            h = rms_norm(x, layer.mlp_norm, cfg.rms_eps)
-            x = x + self.moe(layer, h)
-        for c, n in zip(chunks, lens):
+        for layer in self.layers:
+            x = layer(x, step)
+        for c, n in zip(chunks, step.lens):
             c.cache.advance(n)
         if not all_logits:
-            last = torch.tensor(np.cumsum(lens) - 1)
+            last = torch.tensor(np.cumsum(step.lens) - 1)
             x = x[last.to(x.device)]
-        x = rms_norm(x.to(self.out_device), self.output_norm, cfg.rms_eps)
+        x = rms_norm(x.to(self.out_device), self.output_norm, self.config.rms_eps)
         return self.output(x)
-
-    def moe(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
-        """Router top-k on raw logits, softmax over the k, weighted sum of the chosen experts."""
-        logits = torch.nn.functional.linear(h, layer.router_w, layer.router_b)
-        vals, idx = torch.topk(logits, self.config.n_experts_used, dim=-1)
-        weights = torch.softmax(vals, dim=-1)
-        return layer.experts(h, idx.to(torch.int32), weights)

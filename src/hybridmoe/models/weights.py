@@ -1,4 +1,4 @@
-"""Weight holders shared by model files: dense linears and a layer's routed experts.
+"""Weight holders shared by model files: dense linears, a fused q/k/v projection, loaders.
 
 Dense weights: on the CPU, Q8_0 stays quantized in the mmap and runs through the C GEMV (exact
 float32 arithmetic); other types become float32. On an accelerator, quantized weights are
@@ -6,10 +6,7 @@ converted once to a compute dtype, bf16 by default (120b attention: 0.95 GiB Q8_
 bf16, 3.6 GiB f32 -- f32 would break a ~5 GB VRAM budget), or kept as raw blocks ("stored") and
 decoded in row chunks per call. F32 tensors stay float32 everywhere.
 
-Experts: on the CPU they stay in the mmap (zero copy) and run through the C kernels, also when
-the activations live on an accelerator (offload.HostExperts: pinned staging, or streaming the hit
-experts for large prompt batches). On an accelerator their raw blocks are uploaded once and
-decoded per hit expert (device_experts.ResidentExperts).
+Routed experts have their own backends (expert_backends).
 """
 
 from __future__ import annotations
@@ -20,8 +17,6 @@ import torch
 from hybridmoe import kernels
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.gguf.reader import ModelFile
-from hybridmoe.models.device_experts import RawExperts, ResidentExperts
-from hybridmoe.models.offload import HostExperts, OffloadOptions
 from hybridmoe.quant.torch_dequant import dequantize_torch
 
 DENSE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -92,6 +87,7 @@ class DenseLinear:
     dtype: None (CPU: Q8_0 in place through the C GEMV, exact; accelerator: "bf16"), "stored"
     (raw blocks, decoded per call in row chunks), or "bf16" / "f16" / "f32" converted once.
     kernel=False keeps "stored" Q8_0 on the CPU off the C GEMV (the accelerator code path; tests).
+    act: the activation mode of the C GEMV (the model's fast-math setting).
     Expected error of bf16: input rows and W rounded to 8 mantissa bits, float32 accumulation:
     ~0.3% relative per matmul. Through a model it grows, mostly where a token's top-k expert
     choice flips: on the tiny random model, logits 0.12 relative overall, 0.035 median per token
@@ -99,8 +95,10 @@ class DenseLinear:
     """
 
     def __init__(self, mf: ModelFile, weight: str, bias: str | None, device: torch.device,
-                 dtype: str | None = None, *, kernel: bool = True):
+                 dtype: str | None = None, *, kernel: bool = True,
+                 act: kernels.Activations = kernels.Activations.FP32):
         info = mf.tensors[weight]
+        self.act = act
         device = torch.device(device)
         self.name = weight
         self.bias = load_f32(mf, bias, device) if bias else None
@@ -128,7 +126,7 @@ class DenseLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.raw is not None:
-            return kernels.linear_q8_0(x.contiguous(), self.raw, self.bias)
+            return kernels.linear_q8_0(x.contiguous(), self.raw, self.bias, act=self.act)
         if self.raw_dev is not None:
             y = self._stored_matmul(x)
         elif self.weight.dtype == torch.float32:
@@ -147,64 +145,31 @@ class DenseLinear:
         return y
 
 
-def _upload_experts(gate: np.ndarray, up: np.ndarray, down: np.ndarray, biases: list[torch.Tensor],
-                    wtype: GGMLType, down_type: GGMLType, device: torch.device) -> RawExperts:
-    return RawExperts(*(upload_rows(a, device) for a in (gate, up, down)), *(b.to(device) for b in biases),
-                      ggml_type=wtype, down_type=down_type)
+class FusedQKV:
+    """q, k and v read by the C kernel from the mmap in one call (decode steps are short enough
+    that a call's fixed cost shows)."""
+
+    def __init__(self, q: DenseLinear, k: DenseLinear, v: DenseLinear, act: kernels.Activations):
+        self.group = kernels.LinearGroup([p.raw for p in (q, k, v)], [p.bias for p in (q, k, v)], q.ggml_type,
+                                         act=act)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.split(self.group(x), self.group.sizes, dim=1))
 
 
-class ExpertLayer:
-    """One layer's routed experts (gate, up, down + biases) with gpt-oss's clamped SwiGLU.
+class SeparateQKV:
+    """q, k and v as three DenseLinears (converted, stored on a device, or of mixed types)."""
 
-    resident: None = decided by `device` (CPU: mmap + C kernels; else raw blocks uploaded to
-    `device`); True forces the device code path (on the CPU too: tests compare the two).
-    offload: options for the CPU-resident path with activations elsewhere (streaming, staging).
-    """
+    def __init__(self, q: DenseLinear, k: DenseLinear, v: DenseLinear):
+        self.q, self.k, self.v = q, k, v
 
-    def __init__(
-        self,
-        mf: ModelFile,
-        names: dict[str, str],
-        fused: bool,
-        device: torch.device,
-        ffn: int,
-        alpha: float,
-        limit: float,
-        *,
-        offload: OffloadOptions | None = None,
-        resident: bool | None = None,
-    ):
-        device = torch.device(device)
-        self.device = device
-        self.alpha, self.limit = alpha, limit
-        if fused:
-            gu = mf.raw(names["gate_up_exps"])
-            gate, up = gu[:, :ffn], gu[:, ffn:]
-            gub = load_f32(mf, names["gate_up_exps_bias"])
-            gate_b, up_b = gub[:, :ffn].contiguous(), gub[:, ffn:].contiguous()
-            wtype = mf.tensors[names["gate_up_exps"]].ggml_type
-        else:
-            gate, up = mf.raw(names["gate_exps"]), mf.raw(names["up_exps"])
-            gate_b, up_b = load_f32(mf, names["gate_exps_bias"]), load_f32(mf, names["up_exps_bias"])
-            wtype = mf.tensors[names["gate_exps"]].ggml_type
-        down = mf.raw(names["down_exps"])
-        down_b = load_f32(mf, names["down_exps_bias"])
-        self.n_experts = down.shape[0]
-        self.ggml_type = wtype
-        self.down_type = mf.tensors[names["down_exps"]].ggml_type
-        opts = offload or OffloadOptions()
-        if resident if resident is not None else device.type != "cpu":
-            self.cpu = None
-            raw = _upload_experts(gate, up, down, [gate_b, up_b, down_b], wtype, self.down_type, device)
-            self.impl: ResidentExperts | HostExperts = ResidentExperts(
-                raw, alpha, limit, opts.dtype_for(device), opts.decode_budget_bytes)
-        else:
-            self.cpu = kernels.ExpertTensors(
-                gate=gate, up=up, down=down, gate_bias=gate_b, up_bias=up_b, down_bias=down_b,
-                ggml_type=wtype,
-            )
-            self.impl = HostExperts(self.cpu, alpha, limit, opts)
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.q(x), self.k(x), self.v(x)
 
-    def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """h [T, H], ids [T, k] int, weights [T, k] -> [T, H] float32 on h's device."""
-        return self.impl(h, ids, weights)
+
+def qkv_projection(q: DenseLinear, k: DenseLinear, v: DenseLinear,
+                   act: kernels.Activations) -> FusedQKV | SeparateQKV:
+    """One kernel call when all three are mmap'd for the C kernel in the same type, else three."""
+    if all(p.raw is not None and p.ggml_type == q.ggml_type for p in (q, k, v)):
+        return FusedQKV(q, k, v, act)
+    return SeparateQKV(q, k, v)

@@ -1,0 +1,51 @@
+"""How weights placed off the CPU are held and computed: one typed value per model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridmoe.models.device_experts import DEFAULT_DECODE_BUDGET_BYTES
+from hybridmoe.models.experts_streamed import StreamCost
+from hybridmoe.placement.plan import Plan
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    """How weights placed off the CPU are held and computed.
+
+    upload_buffers: the streamed backend's two device upload buffers hold this many layers'
+        experts together (the plan's count; 0 = never stream, CPU experts run staged).
+    gpu_dense_dtype: dense weights on an accelerator, weights.DenseLinear's dtype ("stored",
+        "bf16", "f16", "f32"; None = bf16); CPU-placed dense weights ignore it.
+    compute_dtype: dtype of device expert matmuls (None: bf16 on CUDA, float32 on the CPU).
+    decode_budget_bytes: decoded expert weights alive at once on the device.
+    cost: when a batch of a streamed layer goes to the device (StreamCost).
+    """
+
+    upload_buffers: int = 1
+    gpu_dense_dtype: str | None = None
+    compute_dtype: torch.dtype | None = None
+    decode_budget_bytes: int = DEFAULT_DECODE_BUDGET_BYTES
+    cost: StreamCost = field(default_factory=StreamCost)
+
+    def __post_init__(self) -> None:
+        if self.upload_buffers < 0:
+            raise ValueError(f"upload_buffers must be >= 0, got {self.upload_buffers}")
+
+    def dtype_for(self, device: torch.device) -> torch.dtype:
+        if self.compute_dtype is not None:
+            return self.compute_dtype
+        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+
+    def dense_dtype(self, device: torch.device) -> str | None:
+        """DenseLinear dtype for a dense weight placed on `device` (None = its default)."""
+        return None if torch.device(device).type == "cpu" else self.gpu_dense_dtype
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> "DeviceOptions":
+        """The plan's upload buffer count and dense GPU dtype; defaults for everything else."""
+        o = plan.options
+        return cls(upload_buffers=o.upload_slots,
+                   gpu_dense_dtype=None if o.gpu_dense_dtype == "auto" else o.gpu_dense_dtype)
