@@ -423,6 +423,23 @@ def test_report_lists_each_device_and_the_ram_side(index):
     assert "DOES NOT FIT" in text
 
 
+@pytest.mark.parametrize("kw,want", [
+    (dict(n_cpu_moe=20), ["stream"] * 20 + ["gpu"] * 16),
+    (dict(n_cpu_moe=20, upload_slots=0), ["staged"] * 20 + ["gpu"] * 16),
+    (dict(n_gpu_layers=10, override_tensor=[r"blk\.(3[0-5])\.ffn_.*_exps=cpu"]),
+     ["cpu"] * 27 + ["gpu"] * 3 + ["stream"] * 6),
+])
+def test_report_shows_the_expert_backend_of_each_layer(index, kw, want):
+    from hybridmoe.placement.report import format_layers, layer_backends
+
+    p = plan_for(index, "120b", **kw)
+    assert layer_backends(p) == want
+    text = format_plan(p)
+    for row in format_layers(p):
+        assert row in text
+    assert "0-19      cuda:0      stream" in format_plan(plan_for(index, "120b", n_cpu_moe=20))
+
+
 def _run_cli(capsys, path: str, *flags: str) -> tuple[int, str, str]:
     from hybridmoe.cli import main
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hybridmoe.placement.expert_backends import expert_backend
 from hybridmoe.placement.memory import GIB
 from hybridmoe.placement.plan import Plan
 from hybridmoe.placement.rules import CPU, KINDS
@@ -23,6 +24,28 @@ def _layer_ranges(layers: list[int]) -> str:
     return ",".join(out)
 
 
+def layer_backends(plan: Plan) -> list[str]:
+    """The expert backend each layer will load with (placement.expert_backends' rule)."""
+    where = {t.name: t.device for t in plan.tensors}
+    return [expert_backend(where.get(f"blk.{i}.ffn_gate_inp.weight", attn), exp, plan.options.upload_slots)
+            for i, (attn, exp) in enumerate(zip(plan.layer_devices, plan.expert_devices))]
+
+
+def format_layers(plan: Plan) -> list[str]:
+    """Runs of layers with the same attention device and expert backend, one row per run."""
+    rows = [f"{'layers':<10}{'attention':<12}experts"]
+    runs: list[tuple[list[int], str, str]] = []
+    for i, (attn, kind) in enumerate(zip(plan.layer_devices, layer_backends(plan))):
+        if runs and runs[-1][1:] == (attn, kind):
+            runs[-1][0].append(i)
+        else:
+            runs.append(([i], attn, kind))
+    rows += [f"{_layer_ranges(ls):<10}{attn:<12}{kind}" for ls, attn, kind in runs]
+    rows += ["experts: cpu = C kernels on the mmap; staged = those kernels, activations copied from the GPU;",
+             "  stream = staged, but big batches upload the experts they hit to the GPU; gpu = resident there"]
+    return rows
+
+
 def format_plan(plan: Plan, ram_available: int | None = None) -> str:
     """A table per device (weights by kind, KV, compute, total; GiB) and the RAM side."""
     o = plan.options
@@ -31,7 +54,7 @@ def format_plan(plan: Plan, ram_available: int | None = None) -> str:
     lines = [
         f"context {plan.ctx_size} tokens ({o.n_parallel} slot(s) of {plan.ctx_per_slot}), "
         f"micro-batch {o.batch_size}, "
-        f"KV {o.kv_dtype_bytes:g} B/value, expert upload slots {o.upload_slots}",
+        f"KV {o.kv_dtype_bytes:g} B/value, expert upload buffers {o.upload_slots}",
         "",
         f"{'GiB':<24}" + "".join(f"{d:>{w}}" for d in devs),
     ]
@@ -63,6 +86,9 @@ def format_plan(plan: Plan, ram_available: int | None = None) -> str:
         f"expert layers on GPU: {len(gpu_exp)}/{L} ({_layer_ranges(gpu_exp)}); "
         f"expert layers on CPU: {L - len(gpu_exp)}/{L}; whole layers on CPU: "
         f"{_layer_ranges(cpu_layers)}; output head on {head}",
+        "",
+        *format_layers(plan),
+        "",
     ]
     r = plan.ram
     lines.append(
