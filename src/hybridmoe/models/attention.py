@@ -54,6 +54,12 @@ class KernelDecodeAttention(TorchAttention):
                                    self.window or 0, self.sinks, self.scale)[None]
 
 
+def kv_dtype_for(layer_devices: list[torch.device]) -> torch.dtype:
+    """KV in float32 when every layer is on the CPU (exact, and what the C decode attention
+    reads); float16 when any is on an accelerator, where VRAM is the budget (llama.cpp's default)."""
+    return torch.float32 if all(d.type == "cpu" for d in layer_devices) else torch.float16
+
+
 def pick_attention(layer: int, device: torch.device, kv_dtype: torch.dtype, sinks: torch.Tensor, scale: float,
                    window: int | None) -> TorchAttention:
     """The C decode kernel where it applies (CPU layer, float32 cache, library loaded), else torch."""

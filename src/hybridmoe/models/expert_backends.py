@@ -22,9 +22,17 @@ from hybridmoe.models.device_experts import RawExperts, ResidentExperts
 from hybridmoe.models.device_options import DeviceOptions
 from hybridmoe.models.experts_cpu import CpuExperts, StagedExperts
 from hybridmoe.models.experts_streamed import ExpertStreamer, StreamedExperts
+from hybridmoe.models.loader import WeightLoader
 from hybridmoe.models.model_buffers import ModelBuffers
 from hybridmoe.models.weights import load_f32, upload_rows
-from hybridmoe.placement.expert_backends import CPU_KERNELS, RESIDENT, STAGED, STREAMED
+from hybridmoe.placement.expert_backends import (
+    CPU_KERNELS,
+    RESIDENT,
+    STAGED,
+    STREAMED,
+    expert_backend,
+    experts_device,
+)
 
 
 class RoutedExperts(Protocol):
@@ -91,3 +99,15 @@ def make_routed_experts(kind: str, experts: LayerExperts, *, activations_device:
                                   options.dtype_for(activations_device), options.decode_budget_bytes)
         return StreamedExperts(staged, streamer, options.cost)
     raise ValueError(f"unknown expert backend {kind!r}")
+
+
+def load_routed_experts(load: WeightLoader, names: dict[str, str], fused: bool, ffn: int,
+                        activations_device: torch.device, alpha: float, limit: float) -> RoutedExperts:
+    """A layer's experts with the backend its placement implies (placement.expert_backends)."""
+    parts = [names[p] for p in (("gate_up_exps",) if fused else ("gate_exps", "up_exps")) + ("down_exps",)]
+    exp_dev = experts_device([load.placement.device_of(n) for n in parts])
+    kind = expert_backend(str(activations_device), exp_dev, load.options.upload_buffers)
+    return make_routed_experts(kind, load_layer_experts(load.file, names, fused, ffn),
+                               activations_device=activations_device, experts_device=torch.device(exp_dev),
+                               alpha=alpha, limit=limit, act=load.act, buffers=load.buffers,
+                               options=load.options)

@@ -5,9 +5,9 @@ logit per head (sliding window of 128 on even layers, full causal on odd ones) -
 RMSNorm -> router top-k then softmax over the k -> clamped SwiGLU experts with biases ->
 residual. Final RMSNorm and an untied output head. See docs/gpt-oss.md.
 
-Blocks read like the model card; where each part runs (C kernels on the mmap, torch on an
-accelerator, experts streamed) is decided once at load: the routed experts by
-expert_backends.make_routed_experts from the plan, the attention by attention.pick_attention.
+Where each part runs (C kernels on the mmap, torch on an accelerator, experts streamed) is
+decided once at load: the routed experts' backend by expert_backends.load_routed_experts from
+the placement, the attention's by attention.pick_attention.
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ import torch
 
 from hybridmoe import kernels
 from hybridmoe.gguf.reader import ModelFile
-from hybridmoe.models.attention import pick_attention
+from hybridmoe.models.attention import kv_dtype_for, pick_attention
 from hybridmoe.models.device_options import DeviceOptions
-from hybridmoe.models.expert_backends import RoutedExperts, load_layer_experts, make_routed_experts
+from hybridmoe.models.expert_backends import RoutedExperts, load_routed_experts
 from hybridmoe.models.gpt_oss_config import ARCH, SWIGLU_ALPHA, SWIGLU_LIMIT, GptOssConfig
 from hybridmoe.models.kv_cache import CacheLayout, SequenceKVCache
 from hybridmoe.models.layers import RopeTable, rms_norm, yarn_inv_freq
 from hybridmoe.models.loader import AllOn, Placement, WeightLoader
 from hybridmoe.models.step import SeqChunk, StepBatch
 from hybridmoe.models.weights import qkv_projection
-from hybridmoe.placement.expert_backends import expert_backend, experts_device
 from hybridmoe.placement.plan import Plan
 from hybridmoe.quant.torch_dequant import dequantize_torch
 
@@ -114,13 +113,8 @@ class MoEBlock:
         self.norm = load.f32(names["mlp_norm"])
         self.router_w = load.f32(names["router"])
         self.router_b = load.f32(names["router_bias"])
-        parts = [names[p] for p in (("gate_up_exps",) if fused else ("gate_exps", "up_exps")) + ("down_exps",)]
-        exp_dev = experts_device([load.placement.device_of(n) for n in parts])
-        kind = expert_backend(str(self.device), exp_dev, load.options.upload_buffers)
-        self.experts: RoutedExperts = make_routed_experts(
-            kind, load_layer_experts(load.file, names, fused, cfg.expert_ffn),
-            activations_device=self.device, experts_device=torch.device(exp_dev), alpha=SWIGLU_ALPHA,
-            limit=SWIGLU_LIMIT, act=load.act, buffers=load.buffers, options=load.options)
+        self.experts: RoutedExperts = load_routed_experts(load, names, fused, cfg.expert_ffn, self.device,
+                                                          SWIGLU_ALPHA, SWIGLU_LIMIT)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.device)
@@ -174,10 +168,7 @@ class GptOss:
         # The embedding is a row gather: it stays in the mmap on the CPU (as llama.cpp does).
         self.embd_raw = mf.raw("token_embd.weight")
         self.embd_type = mf.tensors["token_embd.weight"].ggml_type
-        # KV in float32 on the CPU (exact, and what the C decode attention reads); float16 when
-        # any layer is on an accelerator, where VRAM is the budget (llama.cpp's default KV type).
-        on_cpu = all(load.device(f"blk.{i}.attn_q.weight").type == "cpu" for i in range(cfg.n_layers))
-        self.kv_dtype = torch.float32 if on_cpu else torch.float16
+        self.kv_dtype = kv_dtype_for([load.device(tensor_names(cfg, i)["q"]) for i in range(cfg.n_layers)])
         layers = range(cfg.n_layers)
         if progress:
             from tqdm import tqdm
