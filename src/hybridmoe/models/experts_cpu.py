@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from hybridmoe import kernels
+from hybridmoe.models.device_sync import DeviceSync
 from hybridmoe.models.model_buffers import ModelBuffers
 from hybridmoe.placement.expert_backends import CPU_KERNELS, STAGED
 
@@ -36,7 +37,7 @@ class CpuExperts:
 class RouteBuffers:
     """Host x / ids / weights / out buffers (pinned for CUDA), grown to the largest batch."""
 
-    def __init__(self, hidden: int, k: int, sync: Any):
+    def __init__(self, hidden: int, k: int, sync: DeviceSync):
         self.hidden, self.k = hidden, k
         self.sync = sync
         self.capacity = 0
