@@ -92,9 +92,10 @@ def test_every_bench_takes_json_and_prints_the_machine(script):
 
 
 def test_no_path_outside_the_repository_is_cited():
-    """Users have no ../shared; docs and code point into docs/ instead."""
-    r = subprocess.run(["git", "-C", REPO, "grep", "-n", "-I", "-e", "\\.\\./shared", "--", ".",
-                        ":!tests/test_bench_report.py"], capture_output=True, text=True)
+    """The session notes directory beside the checkout is not there for users; docs and code
+    point into docs/ instead. (The pattern is built so that this file does not match it.)"""
+    pattern = "\\.\\./" + "shared"
+    r = subprocess.run(["git", "-C", REPO, "grep", "-n", "-I", "-e", pattern], capture_output=True, text=True)
     assert r.stdout == "", r.stdout
 
 
