@@ -82,7 +82,7 @@ def test_truncate_keeps_prefix_reusable(tiny_llm):
     assert kept == 58
     out = llm.model.forward([SeqChunk(cache, [5, 6])])[0]
     assert _close(out, llm.logits(ids[:58] + [5, 6])[-1]) < 1e-5
-    # 60 tokens never wrapped the sliding layers' ring (window + slack slots): any prefix is kept.
+    # 60 tokens never wrapped the sliding layers' ring (window + slack rows): any prefix is kept.
     assert cache.length <= cache.layout.window + cache.layout.slack
     assert cache.truncate(3) == 3
     out = llm.model.forward([SeqChunk(cache, [7])])[0]

@@ -1,7 +1,7 @@
 """Prompt reuse (engine v2): greedy output is token-identical whether a prefix comes from the slot,
 a checkpoint, the RAM prompt cache, a slot file, or is recomputed; bounds on the memory used.
 
-Tiny random model: sliding window 16, ring of 80 slots, so prompts of ~150 tokens wrap the ring
+Tiny random model: sliding window 16, ring of 80 rows, so prompts of ~150 tokens wrap the ring
 and a rollback further than the ring's slack must go through a checkpoint.
 """
 

@@ -20,10 +20,10 @@ TOL = 1e-5
 pytestmark = pytest.mark.skipif(not K.available(), reason="compiled kernels not built (torch fallback only)")
 
 
-def _case(rng, Hq, Hkv, d, slots):
+def _case(rng, Hq, Hkv, d, rows):
     t = lambda *s: torch.from_numpy(rng.standard_normal(s, dtype=np.float32))  # noqa: E731
     inv, conc = yarn_inv_freq(d, 150000.0, 32.0, 4096)
-    return t(Hq, d), t(Hkv, d), t(Hkv, d), t(Hkv, slots, d), t(Hkv, slots, d), t(Hq), RopeTable(inv, conc)
+    return t(Hq, d), t(Hkv, d), t(Hkv, d), t(Hkv, rows, d), t(Hkv, rows, d), t(Hq), RopeTable(inv, conc)
 
 
 def _rope(q, k, cos, sin):
@@ -37,8 +37,8 @@ def _rope(q, k, cos, sin):
 def test_full_layer_matches_torch_path(isa, Hq, Hkv, d, use_isa):
     use_isa(isa)
     rng = np.random.default_rng()
-    slots, pos = 300, 257  # keys 0..257 visible; slots past pos hold stale data the call must ignore
-    q, k, v, Kc, Vc, sinks, rope = _case(rng, Hq, Hkv, d, slots)
+    rows, pos = 300, 257  # keys 0..257 visible; rows past pos hold stale data the call must ignore
+    q, k, v, Kc, Vc, sinks, rope = _case(rng, Hq, Hkv, d, rows)
     cos, sin = (t[0, 0].contiguous() for t in rope.cos_sin(torch.tensor([pos]), torch.device("cpu")))
     Kc[:, pos + 1 :] = float("nan")  # beyond n_keys: must never be read
     scale = 1.0 / math.sqrt(d)
@@ -56,25 +56,25 @@ def test_full_layer_matches_torch_path(isa, Hq, Hkv, d, use_isa):
 
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("window", [8, 0])
-def test_ring_layer_window_wrap_and_empty_slots(isa, window, use_isa):
+def test_ring_layer_window_wrap_and_empty_rows(isa, window, use_isa):
     use_isa(isa)
     rng = np.random.default_rng()
-    Hq, Hkv, d, slots, pos = 8, 2, 64, 20, 45
-    q, k, v, Kc, Vc, sinks, rope = _case(rng, Hq, Hkv, d, slots)
+    Hq, Hkv, d, rows, pos = 8, 2, 64, 20, 45
+    q, k, v, Kc, Vc, sinks, rope = _case(rng, Hq, Hkv, d, rows)
     cos, sin = (t[0, 0].contiguous() for t in rope.cos_sin(torch.tensor([pos]), torch.device("cpu")))
     # Slots hold positions 26..44 (wrapped), two of them emptied, one holding a "future" entry.
-    kpos = torch.roll(torch.arange(26, 46, dtype=torch.int64), 26 % slots)
+    kpos = torch.roll(torch.arange(26, 46, dtype=torch.int64), 26 % rows)
     kpos[kpos == pos] = -1
     kpos[3], kpos[11] = -1, pos + 3
-    slot = pos % slots
+    row = pos % rows
     scale = 0.125
     Kref, Vref, Pref = Kc.clone(), Vc.clone(), kpos.clone()
     qr, kr = _rope(q, k, cos, sin)
-    Kref[:, slot], Vref[:, slot], Pref[slot] = kr, v, pos
+    Kref[:, row], Vref[:, row], Pref[row] = kr, v, pos
     ref = attention_with_sinks(qr, Kref, Vref, sinks, torch.tensor([pos]), Pref, scale, window or None)[0]
-    out = K.attn_decode(q, k, v, cos, sin, Kc, Vc, slot, kpos, pos, slots, window, sinks, scale)
+    out = K.attn_decode(q, k, v, cos, sin, Kc, Vc, row, kpos, pos, rows, window, sinks, scale)
     assert rel_err(out, ref) < TOL
-    assert int(kpos[slot]) == pos and torch.equal(kpos, Pref)
+    assert int(kpos[row]) == pos and torch.equal(kpos, Pref)
 
 
 @pytest.mark.parametrize("isa", isa_params())
@@ -95,7 +95,7 @@ def test_nan_reaches_the_output(isa, use_isa):
 def test_bad_arguments_are_named():
     rng = np.random.default_rng()
     q, k, v, Kc, Vc, sinks, _ = _case(rng, 8, 2, 64, 16)
-    with pytest.raises(ValueError, match="slot=16"):
+    with pytest.raises(ValueError, match="row=16"):
         K.attn_decode(q, k, v, None, None, Kc, Vc, 16, None, 15, 16, 0, sinks, 0.125)
     with pytest.raises(ValueError, match="n_keys=17"):
         K.attn_decode(q, k, v, None, None, Kc, Vc, 3, None, 3, 17, 0, sinks, 0.125)

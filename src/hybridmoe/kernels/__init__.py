@@ -406,37 +406,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None,
-                sin: torch.Tensor | None, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int,
+                sin: torch.Tensor | None, k_cache: torch.Tensor, v_cache: torch.Tensor, row: int,
                 kpos: torch.Tensor | None, pos: int, n_keys: int, window: int, sinks: torch.Tensor,
                 scale: float) -> torch.Tensor:
     """Attention step of one new token of one sequence, in place on its float32 KV cache.
 
     q [Hq, d], k/v [Hkv, d] (float32, contiguous; q and k are roped in place with cos/sin [d] as
-    `RopeTable.cos_sin` gives, or not at all when None). k, v go to `slot` of k_cache/v_cache
-    [Hkv, slots, d]; a ring layer passes kpos [slots] int64 (absolute position per slot, -1
-    empty), which gets kpos[slot] = pos. Returns [Hq, d]: softmax attention over slots
+    `RopeTable.cos_sin` gives, or not at all when None). k, v go to `row` of k_cache/v_cache
+    [Hkv, rows, d]; a ring layer passes kpos [rows] int64 (absolute position per row, -1
+    empty), which gets kpos[row] = pos. Returns [Hq, d]: softmax attention over rows
     0..n_keys-1 (full layer: all visible; ring: 0 <= kpos <= pos, kpos > pos - window when
     window > 0) with one sink logit per query head (sinks [Hq]).
     """
     if _lib_handle is None:
         raise RuntimeError("attn_decode needs the compiled kernels (kernels.available() is False); "
                            "use layers.attention_with_sinks")
-    Hkv, slots, d = k_cache.shape
+    Hkv, rows, d = k_cache.shape
     Hq = q.numel() // d
     out = torch.empty((Hq, d), dtype=torch.float32)
-    if kpos is not None and (kpos.dtype != torch.int64 or not kpos.is_contiguous() or kpos.numel() != slots):
-        raise ValueError(f"kpos must be a contiguous int64 tensor of {slots} slots")
-    if tuple(v_cache.shape) != (Hkv, slots, d):
-        raise ValueError(f"v_cache has shape {tuple(v_cache.shape)}, expected {(Hkv, slots, d)}")
+    if kpos is not None and (kpos.dtype != torch.int64 or not kpos.is_contiguous() or kpos.numel() != rows):
+        raise ValueError(f"kpos must be a contiguous int64 tensor of {rows} rows")
+    if tuple(v_cache.shape) != (Hkv, rows, d):
+        raise ValueError(f"v_cache has shape {tuple(v_cache.shape)}, expected {(Hkv, rows, d)}")
     rc = _lib_handle.hm_attn_decode(
         _cpu_f32(q, "q", Hq * d), _cpu_f32(k, "k", Hkv * d), _cpu_f32(v, "v", Hkv * d), Hq, Hkv, d,
         None if cos is None else _cpu_f32(cos, "cos", d), None if sin is None else _cpu_f32(sin, "sin", d),
-        _cpu_f32(k_cache, "k_cache"), _cpu_f32(v_cache, "v_cache"), slots, slot,
+        _cpu_f32(k_cache, "k_cache"), _cpu_f32(v_cache, "v_cache"), rows, row,
         None if kpos is None else kpos.data_ptr(), pos, n_keys, window, _cpu_f32(sinks, "sinks", Hq),
         scale, out.data_ptr())
     if rc:
-        raise ValueError(f"attn_decode: bad arguments (Hq={Hq}, Hkv={Hkv}, d={d}, slots={slots}, "
-                         f"slot={slot}, n_keys={n_keys}, pos={pos}, window={window})")
+        raise ValueError(f"attn_decode: bad arguments (Hq={Hq}, Hkv={Hkv}, d={d}, rows={rows}, "
+                         f"row={row}, n_keys={n_keys}, pos={pos}, window={window})")
     return out
 
 

@@ -49,8 +49,8 @@ class KernelDecodeAttention(TorchAttention):
               cos: torch.Tensor, sin: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
         if q.shape[0] != 1:
             return super().chunk(c, pos0, q, k, v, cos, sin, q_pos)
-        kc, vc, kpos, at, n_keys = c.cache.decode_slot(self.layer, pos0)
-        return kernels.attn_decode(q[0], k[0], v[0], cos[0, 0], sin[0, 0], kc, vc, at, kpos, pos0, n_keys,
+        kc, vc, kpos, row, n_keys = c.cache.decode_row(self.layer, pos0)
+        return kernels.attn_decode(q[0], k[0], v[0], cos[0, 0], sin[0, 0], kc, vc, row, kpos, pos0, n_keys,
                                    self.window or 0, self.sinks, self.scale)[None]
 
 

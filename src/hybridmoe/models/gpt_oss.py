@@ -207,7 +207,7 @@ class GptOss:
 
     def use_full_swa_cache(self) -> None:
         """llama.cpp's --swa-full: caches made from now on keep every position in sliding-window
-        layers too (more memory; a slot can roll back to any prefix instead of window + slack)."""
+        layers too (more memory; a sequence can roll back to any prefix instead of window + slack)."""
         self._swa_full = True
 
     def make_cache(self, max_ctx: int) -> SequenceKVCache:

@@ -1,7 +1,7 @@
 """Per-sequence KV cache: full-attention layers sized by context, sliding layers as ring buffers.
 
-Sliding-window layers keep only `window + slack` slots, so their memory does not grow with
-context. The slack lets a slot roll back a few tokens (prefix reuse after the last turn's
+Sliding-window layers keep only `window + slack` rows, so their memory does not grow with
+context. The slack lets a sequence roll back a few tokens (prefix reuse after the last turn's
 end token is re-rendered) without recomputing the whole prompt; further rollbacks go through
 snapshots (`snapshot`/`restore`): checkpoints of the ring layers alone, or the whole state for
 the RAM prompt cache and slot files.
@@ -58,16 +58,16 @@ class SequenceKVCache:
         self.ring_lo = 0  # lowest position the ring layers still hold (see kv_window)
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
-        self._pos: list[torch.Tensor | None] = []  # ring layers: absolute position per slot (-1 empty)
+        self._pos: list[torch.Tensor | None] = []  # ring layers: absolute position per row (-1 empty)
         ring = min(max_ctx, layout.window + layout.slack)
         for layer in range(layout.n_layers):
-            slots = ring if layout.sliding[layer] else max_ctx
-            shape = (layout.n_kv_heads, slots, layout.head_dim)  # head-major: attention reads rows
+            rows = ring if layout.sliding[layer] else max_ctx
+            shape = (layout.n_kv_heads, rows, layout.head_dim)  # head-major: attention reads rows
             dev = layout.devices[layer]
             self._k.append(torch.zeros(shape, dtype=layout.dtype, device=dev))
             self._v.append(torch.zeros(shape, dtype=layout.dtype, device=dev))
             if layout.sliding[layer]:
-                self._pos.append(torch.full((slots,), -1, dtype=torch.long, device=dev))
+                self._pos.append(torch.full((rows,), -1, dtype=torch.long, device=dev))
             else:
                 self._pos.append(None)
 
@@ -100,12 +100,12 @@ class SequenceKVCache:
             K[:, pos0 : pos0 + T] = k_new
             V[:, pos0 : pos0 + T] = v_new
             return K[:, : pos0 + T], V[:, : pos0 + T], torch.arange(pos0 + T, device=K.device)
-        slots = P.shape[0]
+        rows = P.shape[0]
         # (Ring entries at or past pos0 cannot exist: truncate() hides a rolled-back future.)
         new_pos = torch.arange(pos0, pos0 + T, device=K.device)
-        if T <= slots - self.layout.window + 1:
+        if T <= rows - self.layout.window + 1:
             # Writing first overwrites nothing the chunk's first query still needs: attend the ring.
-            idx = new_pos % slots
+            idx = new_pos % rows
             K[:, idx] = k_new
             V[:, idx] = v_new
             P[idx] = new_pos
@@ -113,27 +113,27 @@ class SequenceKVCache:
         k_all = torch.cat((K, k_new), dim=1)
         v_all = torch.cat((V, v_new), dim=1)
         pos_all = torch.cat((P, new_pos))
-        keep = min(T, slots)
-        idx = new_pos[T - keep :] % slots
+        keep = min(T, rows)
+        idx = new_pos[T - keep :] % rows
         K[:, idx] = k_new[:, T - keep :]
         V[:, idx] = v_new[:, T - keep :]
         P[idx] = new_pos[T - keep :]
         return k_all, v_all, pos_all
 
-    def decode_slot(self, layer: int, pos: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int, int]:
+    def decode_row(self, layer: int, pos: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int, int]:
         """Where one new token at `pos` goes, for the in-place decode kernel (kernels.attn_decode).
 
-        Returns (K, V, P, slot, n_keys): the layer's storage, its ring positions (None for a full
-        layer), the slot to write, and how many leading slots the token attends over. A ring
-        slot only ever holds a position at least `slots >= window` older, out of the window.
+        Returns (K, V, P, row, n_keys): the layer's storage, its ring positions (None for a full
+        layer), the row to write, and how many leading rows the token attends over. A ring row is
+        only ever overwritten by a position `rows >= window` newer, so what it held is out of the window.
         """
         if pos + 1 > self.max_ctx:
             raise ValueError(f"context overflow: {pos + 1} tokens > context size {self.max_ctx}")
         K, V, P = self._k[layer], self._v[layer], self._pos[layer]
         if P is None:
             return K, V, None, pos, pos + 1
-        slots = P.shape[0]
-        return K, V, P, pos % slots, slots
+        rows = P.shape[0]
+        return K, V, P, pos % rows, rows
 
     def advance(self, n: int) -> None:
         self.length += n

@@ -1,6 +1,6 @@
 """When a sliding-window KV state can be rolled back: pure arithmetic, no torch.
 
-Sliding layers keep a ring of `ring` slots. After feeding positions up to `length - 1`, the ring
+Sliding layers keep a ring of `ring` rows. After feeding positions up to `length - 1`, the ring
 holds exactly positions `lo .. length - 1` (a rollback hides a suffix but never brings back what a
 write overwrote). The next token at position n attends to n - window + 1 .. n - 1, so a state can
 be rolled back to n when those are still held. The scheduler decides with this, the KV cache
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class WindowGeometry:
     window: int  # tokens a sliding layer attends over (0 = the model has no sliding layers)
-    ring: int  # slots a sliding layer keeps (>= window)
+    ring: int  # rows (positions) a sliding layer keeps (>= window)
 
     def lo_after(self, lo: int, length: int) -> int:
         """Lowest position still held once positions up to `length - 1` have been written."""

@@ -93,7 +93,7 @@ def attention_with_sinks(
 ) -> torch.Tensor:
     """Causal GQA attention with one learned, unscaled sink logit per query head.
 
-    q: [T, Hq, d]; k, v: [Hkv, S, d]; q_pos: [T]; k_pos: [S] absolute positions (-1 = empty slot).
+    q: [T, Hq, d]; k, v: [Hkv, S, d]; q_pos: [T]; k_pos: [S] absolute positions (-1 = an empty row).
     Query head h uses KV head h // (Hq // Hkv). A sliding window W admits keys p-W+1 .. p.
     The sink is an extra logit column that takes probability mass but has no value, so
     out = softmax-attention(q, k, v) * sigmoid(lse - sink), with lse the log-sum-exp of the
