@@ -25,6 +25,7 @@ import record
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.models.gpt_oss import GptOssConfig
 from hybridmoe.placement import PlacementOptions, make_plan
+from hybridmoe.settings import PlacementSettings
 from hybridmoe.synth import write_synthetic
 
 GIB = 1 << 30
@@ -73,7 +74,7 @@ def planned_gpu_gib(path: str, options: dict, ctx: int, device: str, dense: str 
     try:
         cfg = GptOssConfig.from_metadata(mf.metadata)
         plan = make_plan(cfg, mf.tensors, PlacementOptions(
-            ctx_size=ctx, batch_size=PP, gpu_device=device, gpu_dense_dtype=dense, **options))
+            PlacementSettings(gpu_device=device, gpu_dense_dtype=dense, **options), ctx_size=ctx, batch_size=PP))
     finally:
         mf.close()
     if plan.gpu_device == "cpu":

@@ -122,7 +122,7 @@ def test_serve_accepts_ngl_minus_one_through_the_cli_parser():
 
 @pytest.mark.parametrize("argv,settings,flag", [
     (["--n-cpu-moe", "-1"], PlacementSettings, "--n-cpu-moe"),
-    (["--upload-slots", "-1"], PlacementSettings, "--upload-slots"),
+    (["--upload-slots", "-1"], PlacementSettings, "--upload-buffers"),  # the old spelling, the new name
     (["--vram-budget", "0"], PlacementSettings, "--vram-budget"),
     (["-c", "-5"], ContextSettings, "-c/--ctx-size"),
     (["-ub", "0"], ContextSettings, "-ub/--ubatch-size"),

@@ -31,6 +31,7 @@ from hybridmoe.placement.expert_backends import (
     experts_device,
 )
 from hybridmoe.quant.torch_dequant import dequantize_torch
+from hybridmoe.settings import PlacementSettings
 from tests.model_helpers import AlwaysStream, rebuild_experts
 
 FP32_TOL = 1e-5
@@ -215,7 +216,7 @@ def test_device_options_from_the_plan(tiny_gguf):
 
     mf = open_model(tiny_gguf)
     plan = make_plan(GptOssConfig.from_metadata(mf.metadata), mf.tensors,
-                     PlacementOptions(gpu_device="cpu", upload_slots=2, gpu_dense_dtype="f16"))
+                     PlacementOptions(PlacementSettings(gpu_device="cpu", upload_buffers=2, gpu_dense_dtype="f16")))
     o = DeviceOptions.from_plan(plan)
     gpu, cpu = torch.device("cuda:0"), torch.device("cpu")
     assert (o.upload_buffers, o.dense_dtype(gpu), o.dense_dtype(cpu)) == (2, "f16", None)
@@ -224,7 +225,7 @@ def test_device_options_from_the_plan(tiny_gguf):
     assert d.dtype_for(gpu) == torch.bfloat16 and d.dtype_for(cpu) == torch.float32
     with pytest.raises(ValueError, match="upload_buffers"):
         DeviceOptions(upload_buffers=-1)
-    assert GptOss(mf, plan).expert_backends == [CPU_KERNELS] * 4  # an all-CPU plan: the C kernels
+    assert GptOss(mf, plan).expert_backends == plan.expert_backends == [CPU_KERNELS] * 4  # all-CPU: the C kernels
 
 
 # --- whole model: split placements on the CPU ----------------------------------------------
@@ -306,11 +307,11 @@ def test_cuda_logits_match_cpu(tiny_pair):
 
     mf, ids, ref = tiny_pair
     cfg = GptOssConfig.from_metadata(mf.metadata)
-    plan = make_plan(cfg, mf.tensors, PlacementOptions(n_cpu_moe=2))  # experts 0-1 CPU, 2-3 GPU
+    plan = make_plan(cfg, mf.tensors, PlacementOptions(PlacementSettings(n_cpu_moe=2)))  # experts 0-1 CPU, 2-3 GPU
     model = GptOss(mf, plan)
     layers = model.layers
     assert layers[0].device.type == "cuda"
-    assert model.expert_backends == [STREAMED, STREAMED, RESIDENT, RESIDENT]
+    assert model.expert_backends == plan.expert_backends == [STREAMED, STREAMED, RESIDENT, RESIDENT]
     got = _logits(model, ids).cpu()  # defaults: bf16 dense and device experts
     assert ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).median().item() < 0.08
     assert rel_err(got, ref) < 0.25

@@ -20,6 +20,7 @@ from hybridmoe.placement import PlacementError, PlacementOptions, check_fits, ma
 from hybridmoe.placement import plan as plan_mod
 from hybridmoe.placement.report import format_plan
 from hybridmoe.placement.rules import normalize_device, parse_overrides
+from hybridmoe.settings import PlacementSettings, SettingsError
 from hybridmoe.synth import ARCH, PRESETS, synth_tensors
 
 GIB = 1 << 30
@@ -55,11 +56,20 @@ def index(sparse_files):
     return out
 
 
+SIZES = ("ctx_size", "n_parallel", "batch_size", "kv_dtype_bytes")
+
+
+def options(**kw) -> PlacementOptions:
+    """PlacementOptions from one flat set of keywords: PlacementSettings' fields and the plan's sizes."""
+    sizes = {k: kw.pop(k) for k in SIZES if k in kw}
+    return PlacementOptions(PlacementSettings(**kw), **sizes)
+
+
 def plan_for(index, preset: str, **kw):
     # The §7 byte formulas are for the file's stored types; the default converts Q8_0 to bf16.
     kw.setdefault("gpu_dense_dtype", "stored")
     cfg, tensors = index[preset]
-    return make_plan(cfg, tensors, PlacementOptions(**kw))
+    return make_plan(cfg, tensors, options(**kw))
 
 
 def test_bf16_dense_weights_cost_exactly_their_bf16_bytes(index):
@@ -73,10 +83,10 @@ def test_bf16_dense_weights_cost_exactly_their_bf16_bytes(index):
 @pytest.mark.parametrize("budget,expect", [(None, "stored"), (6.0, "bf16"), (4.0, "stored")])
 def test_auto_dense_dtype_uses_bf16_only_when_it_fits(index, monkeypatch, budget, expect):
     monkeypatch.setattr(plan_mod, "cuda_free_bytes", lambda device: None)
-    assert PlacementOptions().gpu_dense_dtype == "auto"
+    assert PlacementOptions().placement.gpu_dense_dtype == "auto"
     p = plan_for(index, "120b", cpu_moe=True, ctx_size=4096, n_parallel=1, gpu_dense_dtype="auto",
                  vram_budget=budget)
-    assert p.options.gpu_dense_dtype == expect
+    assert p.options.placement.gpu_dense_dtype == expect
     ref = plan_for(index, "120b", cpu_moe=True, ctx_size=4096, n_parallel=1, gpu_dense_dtype=expect)
     assert p.devices["cuda:0"].total_bytes == ref.devices["cuda:0"].total_bytes
     assert any("dense GPU weights" in n for n in p.notes)
@@ -238,14 +248,21 @@ def test_unknown_tensor_name_is_an_error(index):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(n_cpu_moe=-1), "--n-cpu-moe"), (dict(n_parallel=0), "--parallel"),
-    (dict(ctx_size=-5), "ctx-size"), (dict(n_gpu_layers=-2), "-ngl"),
-    (dict(vram_budget=0), "--vram-budget"), (dict(override_tensor="exps=CPU"), "list"),
+    (dict(n_parallel=0), "--parallel"), (dict(ctx_size=-5), "ctx-size"),
     (dict(fit=True, cpu_moe=True, vram_budget=10), "--fit chooses"),
     (dict(ctx_size=2, n_parallel=4), "slots"), (dict(gpu_device="gpu0"), "--gpu-device")])
 def test_bad_options(index, kw, msg):
     with pytest.raises(PlacementError, match=msg):
         plan_for(index, "20b", **kw)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(n_cpu_moe=-1), "--n-cpu-moe"), (dict(n_gpu_layers=-2), "-ngl"),
+    (dict(vram_budget=0), "--vram-budget"), (dict(override_tensor="exps=CPU"), "list"),
+    (dict(upload_buffers=-1), "--upload-buffers")])
+def test_bad_placement_settings_name_the_flag(kw, msg):
+    with pytest.raises(SettingsError, match=msg):
+        PlacementSettings(**kw)
 
 
 def test_fit_without_budget_or_cuda_says_what_to_pass(index, monkeypatch):
@@ -271,7 +288,7 @@ def test_cpu_moe_bytes_match_section_7(index, preset, L, E):
     assert gpu.kv_bytes == kv_bytes(L, 4096, n_parallel=2)
     assert cpu.kv_bytes == 0
     assert p.ram.mmap_expert_bytes == expert_layer_bytes(E) * L
-    assert gpu.compute.expert_upload == expert_layer_bytes(E)  # one upload slot by default
+    assert gpu.compute.expert_upload == expert_layer_bytes(E)  # one upload buffer by default
     assert gpu.total_bytes == gpu.weights_bytes + gpu.kv_bytes + gpu.compute_bytes
 
 
@@ -285,7 +302,7 @@ def test_dense_weights_converted_on_gpu(index):
     assert p.devices["cpu"].weights_by_kind["embedding"] == V * H * 34 // 32
     f32 = plan_for(index, "120b", cpu_moe=True, gpu_dense_dtype="f32")
     assert f32.devices["cuda:0"].weights_by_kind["attention"] == 2 * w["attention"]
-    with pytest.raises(PlacementError, match="gpu-dense-dtype"):
+    with pytest.raises(SettingsError, match="gpu-dense-dtype"):
         plan_for(index, "120b", gpu_dense_dtype="q4")
 
 
@@ -341,7 +358,7 @@ def test_fit_picks_the_most_layers_that_fit(index):
         assert p.n_gpu_expert_layers == want, budget_gib
         assert p.expert_devices == ["cpu"] * (36 - want) + ["cuda:0"] * want
         assert p.devices["cuda:0"].total_bytes <= budget
-        assert p.options.n_cpu_moe == 36 - want
+        assert p.options.placement.n_cpu_moe == 36 - want
         assert f"{want} of 36 expert layers" in p.notes[0]
         assert f"{want + 1} would need" in p.notes[0]
 
@@ -350,9 +367,9 @@ def test_fit_all_on_gpu_drops_the_upload_buffers(index):
     # With every layer on the GPU there is nothing to upload, so 36 layers can fit a budget
     # that 35 layers plus two upload buffers would not (the plan is not monotone at the end).
     full = plan_for(index, "120b").devices["cuda:0"].total_bytes
-    p = plan_for(index, "120b", fit=True, vram_budget=full / GIB, upload_slots=2)
+    p = plan_for(index, "120b", fit=True, vram_budget=full / GIB, upload_buffers=2)
     assert p.n_gpu_expert_layers == 36
-    assert plan_for(index, "120b", n_cpu_moe=1, upload_slots=2).devices["cuda:0"].total_bytes > full
+    assert plan_for(index, "120b", n_cpu_moe=1, upload_buffers=2).devices["cuda:0"].total_bytes > full
 
 
 def test_fit_refuses_with_the_numbers(index):
@@ -385,7 +402,7 @@ def test_model_runs_under_a_cpu_plan_with_identical_logits(tiny_gguf):
 
     mf = open_model(tiny_gguf)
     cfg = GptOssConfig.from_metadata(mf.metadata)
-    plan = make_plan(cfg, mf.tensors, PlacementOptions(
+    plan = make_plan(cfg, mf.tensors, options(
         gpu_device="cpu", n_cpu_moe=2, override_tensor=[r"blk\.3\.attn_q=cpu"]))
     asked = []
 
@@ -425,15 +442,15 @@ def test_report_lists_each_device_and_the_ram_side(index):
 
 @pytest.mark.parametrize("kw,want", [
     (dict(n_cpu_moe=20), ["stream"] * 20 + ["gpu"] * 16),
-    (dict(n_cpu_moe=20, upload_slots=0), ["staged"] * 20 + ["gpu"] * 16),
+    (dict(n_cpu_moe=20, upload_buffers=0), ["staged"] * 20 + ["gpu"] * 16),
     (dict(n_gpu_layers=10, override_tensor=[r"blk\.(3[0-5])\.ffn_.*_exps=cpu"]),
      ["cpu"] * 27 + ["gpu"] * 3 + ["stream"] * 6),
 ])
 def test_report_shows_the_expert_backend_of_each_layer(index, kw, want):
-    from hybridmoe.placement.report import format_layers, layer_backends
+    from hybridmoe.placement.report import format_layers
 
     p = plan_for(index, "120b", **kw)
-    assert layer_backends(p) == want
+    assert p.expert_backends == want
     text = format_plan(p)
     for row in format_layers(p):
         assert row in text
@@ -463,6 +480,21 @@ def test_cli_json_table_fit_and_errors(sparse_files, capsys):
     assert rc == 1 and "> VRAM budget 4.00 GiB" in out
     rc, _, err = _run_cli(capsys, sparse_files["120b"], "-ot", "blk.(=CPU")
     assert rc == 2 and "invalid regex" in err
+
+
+def test_cli_json_lists_each_layers_devices_and_expert_backend(sparse_files, capsys):
+    rc, out, err = _run_cli(capsys, sparse_files["120b"], "--n-cpu-moe", "20", "-ot", r"blk\.35\.attn_=cpu",
+                            "--upload-buffers", "0", "--json")
+    assert rc == 0, err
+    layers = json.loads(out)["layers"]
+    assert [x["layer"] for x in layers] == list(range(36))
+    assert [x["expert_backend"] for x in layers] == ["staged"] * 20 + ["gpu"] * 16
+    assert [x["experts"] for x in layers] == ["cpu"] * 20 + ["cuda:0"] * 16
+    assert [x["attention"] for x in layers] == ["cuda:0"] * 35 + ["cpu"]
+    # The same per-layer backends as the table, which the plain output prints.
+    rc, out, err = _run_cli(capsys, sparse_files["120b"], "--n-cpu-moe", "20", "--upload-slots", "0")
+    assert rc == 0, err
+    assert "0-19      cuda:0      staged" in out and "20-35     cuda:0      gpu" in out
 
 
 def test_placement_and_plan_command_modules_do_not_import_torch():

@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_placement_args(p)
     add_context_args(p)
     add_parallel_args(p)
-    p.add_argument("--kv-bytes", type=float, default=2.0, help="bytes per cached K/V value (2 = f16)")
+    p.add_argument("--kv-bytes", type=float, default=PlacementOptions().kv_dtype_bytes,
+                   help="bytes per cached K/V value (2 = f16)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
@@ -42,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def options_from_args(args: argparse.Namespace) -> PlacementOptions:
     """What `serve` with the same flags would plan (its context, sequences and step size)."""
     context = ContextSettings.from_args(args)
-    return PlacementOptions.from_settings(
+    return PlacementOptions(
         PlacementSettings.from_args(args), ctx_size=context.ctx_size,
         n_parallel=ParallelSettings.from_args(args).n_parallel, batch_size=context.step_tokens,
         kv_dtype_bytes=args.kv_bytes)
@@ -76,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
     name = mf.metadata.get("general.name", args.model)
     print(f"{name}: {cfg.n_layers} layers, {cfg.n_experts} experts (top-{cfg.n_experts_used})")
     print(format_plan(plan, ram))
-    if options.vram_budget is not None:
+    budget = options.placement.vram_budget
+    if budget is not None:
         try:
-            check_fits(plan, vram_budget=int(options.vram_budget * GIB))
-            print(f"VRAM budget {options.vram_budget:g} GiB: fits")
+            check_fits(plan, vram_budget=int(budget * GIB))
+            print(f"VRAM budget {budget:g} GiB: fits")
         except PlacementError as e:
             print(str(e))
             return 1

@@ -77,11 +77,10 @@ def _placement(model_file: Any, placement: PlacementSettings, ctx_size: int, n_p
     from hybridmoe.placement.report import format_plan
 
     cfg = GptOssConfig.from_metadata(model_file.metadata, model_file.path)
-    options = PlacementOptions.from_settings(placement, ctx_size=ctx_size, n_parallel=n_parallel,
-                                             batch_size=batch_size)
+    options = PlacementOptions(placement, ctx_size=ctx_size, n_parallel=n_parallel, batch_size=batch_size)
     plan = make_plan(cfg, model_file.tensors, options)
     log.info("placement plan:\n%s", format_plan(plan))
-    check_fits(plan, resolve_vram_budget(options), available_ram_bytes())
+    check_fits(plan, resolve_vram_budget(placement), available_ram_bytes())
     return plan
 
 

@@ -46,6 +46,6 @@ class DeviceOptions:
     @classmethod
     def from_plan(cls, plan: Plan) -> "DeviceOptions":
         """The plan's upload buffer count and dense GPU dtype; defaults for everything else."""
-        o = plan.options
-        return cls(upload_buffers=o.upload_slots,
-                   gpu_dense_dtype=None if o.gpu_dense_dtype == "auto" else o.gpu_dense_dtype)
+        p = plan.options.placement
+        return cls(upload_buffers=p.upload_buffers,
+                   gpu_dense_dtype=None if p.gpu_dense_dtype == "auto" else p.gpu_dense_dtype)

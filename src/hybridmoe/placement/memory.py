@@ -57,7 +57,7 @@ class ComputeEstimate:
         ubatch * k * (2F + F + H) * 4 B (gate and up outputs, activation, down outputs).
     logits: one fp32 row of vocab_size per sequence per step (n_parallel rows) on the device of
         the output head.
-    expert_upload: GPU staging for prompt batches whose experts live on the CPU: `upload_slots`
+    expert_upload: GPU staging for prompt batches whose experts live on the CPU: `upload_buffers`
         buffers, each the largest CPU-resident layer's expert bytes (a 512-token batch routes to
         almost every expert: 1 - (1 - k/E)^512 ~ 100 %).
     """

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.models.gpt_oss_config import GptOssConfig
+from hybridmoe.placement.expert_backends import expert_backend, experts_device
 from hybridmoe.placement.memory import (
     GIB,
     VRAM_MARGIN_BYTES,
@@ -51,52 +52,35 @@ class TensorLike(Protocol):
     """What the plan reads from gguf.reader.TensorInfo."""
 
     name: str
-    ggml_type: Any  # GGMLType (an IntEnum); its .name is printed
+    ggml_type: GGMLType
     ne: tuple[int, ...]
     nbytes: int
 
 
 @dataclass(frozen=True)
 class PlacementOptions:
-    """The plan's input: the user's placement choices (settings.PlacementSettings, whose docstring
-    gives each field's flag and meaning) and the sizes the plan accounts memory for.
+    """The plan's input: the user's placement choices and the sizes the plan accounts memory for.
 
+    placement: settings.PlacementSettings (its docstring gives each field's flag and meaning;
+        it validates itself).
     ctx_size (-c): total context in tokens, split evenly across the n_parallel sequences (as in
         llama-server and `hybridmoe serve`); 0 = the model's training context.
-    n_parallel (-np): sequences (slots) served at once.
+    n_parallel (-np): sequences (serving slots) at once.
     batch_size: tokens per forward step (llama.cpp's micro-batch, -ub); sizes compute buffers
         and the sliding-window KV.
     kv_dtype_bytes: bytes per cached K/V value (2 = f16/bf16).
+    The sizes' defaults describe one short sequence (a library or test plan); `serve` and `plan`
+    pass theirs from settings.ContextSettings / ParallelSettings.
     """
 
-    n_gpu_layers: int | None = None
-    cpu_moe: bool = False
-    n_cpu_moe: int = 0
-    override_tensor: Sequence[str] = ()
-    gpu_device: str = "cuda:0"
-    fit: bool = False
-    vram_budget: float | None = None
-    upload_slots: int = 1
-    gpu_dense_dtype: str = "auto"
+    placement: PlacementSettings = field(default_factory=PlacementSettings)
     ctx_size: int = 4096
     n_parallel: int = 1
     batch_size: int = 512
     kv_dtype_bytes: float = 2
 
-    @classmethod
-    def from_settings(cls, placement: PlacementSettings, ctx_size: int, n_parallel: int, batch_size: int,
-                      kv_dtype_bytes: float = 2) -> PlacementOptions:
-        return cls(**dataclasses.asdict(placement),
-                   ctx_size=ctx_size, n_parallel=n_parallel, batch_size=batch_size, kv_dtype_bytes=kv_dtype_bytes)
-
-    def settings(self) -> PlacementSettings:
-        """The user's part, validated by PlacementSettings (SettingsError naming the flag)."""
-        mine = {f.name for f in dataclasses.fields(PlacementSettings)}
-        return PlacementSettings(**{k: v for k, v in dataclasses.asdict(self).items() if k in mine})
-
     def validate(self) -> None:
         try:
-            self.settings()
             ContextSettings(ctx_size=self.ctx_size, batch_size=self.batch_size, ubatch_size=self.batch_size)
             ParallelSettings(n_parallel=self.n_parallel)
         except SettingsError as e:
@@ -104,7 +88,7 @@ class PlacementOptions:
         if self.kv_dtype_bytes <= 0:
             raise PlacementError(f"kv_dtype_bytes must be > 0, got {self.kv_dtype_bytes}")
         try:
-            normalize_device(self.gpu_device)
+            normalize_device(self.placement.gpu_device)
         except PlacementError as e:
             raise PlacementError(f"--gpu-device: {e}") from None
 
@@ -173,6 +157,7 @@ class Plan:
     ram: RamSide
     layer_devices: list[str]  # where each layer's attention (and KV) lives
     expert_devices: list[str]  # where each layer's expert weights live
+    expert_backends: list[str]  # each layer's placement.expert_backends kind (cpu/staged/stream/gpu)
     options: PlacementOptions
     ctx_size: int  # total context, resolved (0 -> model context)
     ctx_per_slot: int
@@ -191,7 +176,7 @@ class Plan:
 
     @property
     def gpu_device(self) -> str:
-        return normalize_device(self.options.gpu_device)
+        return normalize_device(self.options.placement.gpu_device)
 
     @property
     def n_gpu_expert_layers(self) -> int:
@@ -206,6 +191,9 @@ class Plan:
             "ram": self.ram.as_dict(),
             "n_gpu_expert_layers": self.n_gpu_expert_layers,
             "options": opts,
+            "layers": [{"layer": i, "attention": attn, "experts": exp, "expert_backend": kind}
+                       for i, (attn, exp, kind) in enumerate(zip(self.layer_devices, self.expert_devices,
+                                                                 self.expert_backends))],
             "notes": list(self.notes),
             "tensors": [{"name": t.name, "device": t.device, "type": t.type, "bytes": t.nbytes,
                          "device_bytes": t.device_bytes, "kind": t.kind, "layer": t.layer,
@@ -213,33 +201,29 @@ class Plan:
         }
 
 
-def _type_name(t: Any) -> str:
-    return getattr(t, "name", None) or str(t)
-
-
-def _override_rules(opts: PlacementOptions, n_layers: int) -> list[Rule]:
-    rules = parse_overrides(list(opts.override_tensor), opts.gpu_device)
-    if opts.cpu_moe:
+def _override_rules(p: PlacementSettings, n_layers: int) -> list[Rule]:
+    rules = parse_overrides(list(p.override_tensor), p.gpu_device)
+    if p.cpu_moe:
         rules += cpu_moe_rules()
-    if opts.n_cpu_moe:
-        rules += n_cpu_moe_rules(min(opts.n_cpu_moe, n_layers))  # N >= n_layers == --cpu-moe
+    if p.n_cpu_moe:
+        rules += n_cpu_moe_rules(min(p.n_cpu_moe, n_layers))  # N >= n_layers == --cpu-moe
     return rules
 
 
-def _device_bytes(info: TensorLike, device: str, kind: str, opts: PlacementOptions) -> int:
-    per = DENSE_DTYPE_BYTES[opts.gpu_dense_dtype]
-    if per is None or device == CPU or kind == KIND_EXPERTS or _type_name(info.ggml_type) == "F32":
+def _device_bytes(info: TensorLike, device: str, kind: str, gpu_dense_dtype: str) -> int:
+    per = DENSE_DTYPE_BYTES[gpu_dense_dtype]
+    if per is None or device == CPU or kind == KIND_EXPERTS or info.ggml_type == GGMLType.F32:
         return int(info.nbytes)
     return math.prod(int(d) for d in info.ne) * per
 
 
-def _assign(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions
+def _assign(cfg: GptOssConfig, tensors: dict[str, TensorLike], p: PlacementSettings
             ) -> list[TensorPlacement]:
     L = cfg.n_layers
-    gpu = normalize_device(opts.gpu_device)
-    ngl = L + 1 if opts.n_gpu_layers is None else opts.n_gpu_layers
+    gpu = normalize_device(p.gpu_device)
+    ngl = L + 1 if p.n_gpu_layers is None else p.n_gpu_layers
     gpu_start = max(L + 1 - ngl, 0)  # first layer index on the GPU; index L = output layer
-    rules = _override_rules(opts, L)
+    rules = _override_rules(p, L)
     out = []
     for name, info in tensors.items():
         kind, layer = tensor_kind(name), tensor_layer(name)
@@ -252,24 +236,31 @@ def _assign(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOp
             on_gpu = il >= gpu_start
             device = gpu if on_gpu else CPU
             what = "output layer" if layer is None else f"layer {il}"
-            why = f"-ngl {'all' if opts.n_gpu_layers is None else ngl}: {what} on {device}"
-        out.append(TensorPlacement(name, device, kind, layer, _type_name(info.ggml_type),
-                                   int(info.nbytes), why, _device_bytes(info, device, kind, opts)))
+            why = f"-ngl {'all' if p.n_gpu_layers is None else ngl}: {what} on {device}"
+        out.append(TensorPlacement(name, device, kind, layer, info.ggml_type.name,
+                                   int(info.nbytes), why, _device_bytes(info, device, kind, p.gpu_dense_dtype)))
     return out
 
 
-def _layer_devices(cfg: GptOssConfig, placed: dict[str, TensorPlacement], opts: PlacementOptions
-                   ) -> tuple[list[str], list[str]]:
-    attn, experts = [], []
+def _layer_devices(cfg: GptOssConfig, placed: dict[str, TensorPlacement], upload_buffers: int
+                   ) -> tuple[list[str], list[str], list[str]]:
+    """Per layer: where attention (and KV) runs, where the experts run, and the expert backend the
+    model will load (placement.expert_backends' rules, the ones the model applies)."""
+    expert_parts: dict[int, list[str]] = {}
+    for t in placed.values():
+        if t.kind == KIND_EXPERTS and t.layer is not None:
+            expert_parts.setdefault(t.layer, []).append(t.device)
+    attn, experts, backends = [], [], []
     for i in range(cfg.n_layers):
         k = placed.get(f"blk.{i}.attn_k.weight") or placed.get(f"blk.{i}.attn_q.weight")
         if k is None:
             raise PlacementError(f"layer {i}: no attn_k/attn_q weight in the tensor index")
         attn.append(k.device)
-        exp = [t for t in placed.values() if t.layer == i and t.kind == KIND_EXPERTS]
-        # A layer whose expert tensors were split by -ot counts as CPU if any part is on the CPU.
-        experts.append(CPU if any(t.device == CPU for t in exp) or not exp else exp[0].device)
-    return attn, experts
+        experts.append(experts_device(expert_parts.get(i, [])))
+        # The MoE's activations live where its router does (the model's MoEBlock.device).
+        router = placed.get(f"blk.{i}.ffn_gate_inp.weight")
+        backends.append(expert_backend(router.device if router else k.device, experts[-1], upload_buffers))
+    return attn, experts, backends
 
 
 def _account(cfg: GptOssConfig, tensors: list[TensorPlacement], opts: PlacementOptions
@@ -279,11 +270,11 @@ def _account(cfg: GptOssConfig, tensors: list[TensorPlacement], opts: PlacementO
     if per_slot < 1:
         raise PlacementError(f"context {ctx} split across {opts.n_parallel} slots leaves none per slot")
     placed = {t.name: t for t in tensors}
-    attn_dev, exp_dev = _layer_devices(cfg, placed, opts)
+    attn_dev, exp_dev, backends = _layer_devices(cfg, placed, opts.placement.upload_buffers)
     out_t = placed.get("output.weight")
     out_dev = out_t.device if out_t else attn_dev[-1]
 
-    gpu = normalize_device(opts.gpu_device)
+    gpu = normalize_device(opts.placement.gpu_device)
     names = [gpu] if gpu != CPU else []
     names += sorted({t.device for t in tensors if t.device not in (CPU, gpu)})
     names.append(CPU)
@@ -303,9 +294,9 @@ def _account(cfg: GptOssConfig, tensors: list[TensorPlacement], opts: PlacementO
     devices = {}
     for d in names:
         upload = 0
-        if d != CPU and opts.upload_slots:
+        if d != CPU and opts.placement.upload_buffers:
             staged = [cpu_expert_bytes[i] for i in range(cfg.n_layers) if attn_dev[i] == d]
-            upload = opts.upload_slots * max(staged, default=0)
+            upload = opts.placement.upload_buffers * max(staged, default=0)
         compute = estimate_compute(
             cfg, ubatch=opts.batch_size, ctx_size=per_slot, n_parallel=opts.n_parallel,
             runs_layers=d in attn_dev, runs_experts=d in exp_dev, runs_output=d == out_dev,
@@ -317,35 +308,39 @@ def _account(cfg: GptOssConfig, tensors: list[TensorPlacement], opts: PlacementO
         mmap_expert_bytes=sum(t.nbytes for t in cpu_t if t.kind == KIND_EXPERTS),
         mmap_other_bytes=sum(t.nbytes for t in cpu_t if t.kind != KIND_EXPERTS),
         kv_bytes=devices[CPU].kv_bytes, compute_bytes=devices[CPU].compute_bytes)
-    return Plan(tensors, devices, ram, attn_dev, exp_dev, opts, ctx, per_slot)
+    return Plan(tensors, devices, ram, attn_dev, exp_dev, backends, opts, ctx, per_slot)
 
 
 def _plan_for(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
-    if opts.gpu_dense_dtype == "auto":
+    if opts.placement.gpu_dense_dtype == "auto":
         return _auto_dense(cfg, tensors, opts)
-    return _account(cfg, _assign(cfg, tensors, opts), opts)
+    return _account(cfg, _assign(cfg, tensors, opts.placement), opts)
 
 
 def _auto_dense(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
     """bf16 dense GPU weights (fast matmuls) when they fit the VRAM budget, else kept as stored
     (Q8_0 is 0.53x the bytes, decoded per call): an 8 GB card at -c 0 needs the latter."""
-    budget = resolve_vram_budget(opts)
-    fast = _plan_for(cfg, tensors, dataclasses.replace(opts, gpu_dense_dtype="bf16"))
-    gpu = normalize_device(opts.gpu_device)
+    budget = resolve_vram_budget(opts.placement)
+    fast = _plan_for(cfg, tensors, _with_dense_dtype(opts, "bf16"))
+    gpu = normalize_device(opts.placement.gpu_device)
     if budget is not None and (gpu not in fast.devices or fast.devices[gpu].total_bytes <= budget):
         fast.notes.append(f"dense GPU weights: bf16 (fits the {_g(budget)} budget)")
         return fast
-    small = _plan_for(cfg, tensors, dataclasses.replace(opts, gpu_dense_dtype="stored"))
+    small = _plan_for(cfg, tensors, _with_dense_dtype(opts, "stored"))
     why = "no VRAM budget known" if budget is None else f"bf16 would exceed the {_g(budget)} budget"
     small.notes.append(f"dense GPU weights: kept as stored ({why}; --gpu-dense-dtype bf16 forces it)")
     return small
 
 
-def resolve_vram_budget(opts: PlacementOptions) -> int | None:
+def _with_dense_dtype(opts: PlacementOptions, dtype: str) -> PlacementOptions:
+    return dataclasses.replace(opts, placement=dataclasses.replace(opts.placement, gpu_dense_dtype=dtype))
+
+
+def resolve_vram_budget(p: PlacementSettings) -> int | None:
     """Budget in bytes: --vram-budget, else the device's free memory minus a margin (CUDA only)."""
-    if opts.vram_budget is not None:
-        return int(opts.vram_budget * GIB)
-    gpu = normalize_device(opts.gpu_device)
+    if p.vram_budget is not None:
+        return int(p.vram_budget * GIB)
+    gpu = normalize_device(p.gpu_device)
     if gpu == CPU:
         return None
     free = cuda_free_bytes(gpu)
@@ -363,14 +358,14 @@ def make_plan(config: GptOssConfig, tensors: dict[str, TensorLike],
     opts.validate()
     if not tensors:
         raise PlacementError("empty tensor index: nothing to place")
-    if not opts.fit:
+    if not opts.placement.fit:
         return _plan_for(config, tensors, opts)
-    if opts.cpu_moe or opts.n_cpu_moe:
+    if opts.placement.cpu_moe or opts.placement.n_cpu_moe:
         raise PlacementError("--fit chooses the CPU expert layers itself: drop --cpu-moe/--n-cpu-moe")
-    budget = resolve_vram_budget(opts)
+    budget = resolve_vram_budget(opts.placement)
     if budget is None:
         raise PlacementError(
-            f"--fit needs a VRAM budget: no CUDA device {opts.gpu_device!r} to measure here, "
+            f"--fit needs a VRAM budget: no CUDA device {opts.placement.gpu_device!r} to measure here, "
             "pass --vram-budget GiB")
     return fit_plan(config, tensors, opts, budget)
 
@@ -384,13 +379,13 @@ def fit_plan(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementO
     left on the CPU, so "all on GPU" is tried first, then a bisection over the rest.
     """
     L = cfg.n_layers
-    gpu = normalize_device(opts.gpu_device)
+    gpu = normalize_device(opts.placement.gpu_device)
     if gpu == CPU:
         raise PlacementError("--fit needs a GPU device, but gpu_device is 'cpu'")
 
     def plan_with(n_gpu_layers_exp: int) -> Plan:
-        o = dataclasses.replace(opts, fit=False, cpu_moe=False, n_cpu_moe=L - n_gpu_layers_exp)
-        return _plan_for(cfg, tensors, o)
+        p = dataclasses.replace(opts.placement, fit=False, cpu_moe=False, n_cpu_moe=L - n_gpu_layers_exp)
+        return _plan_for(cfg, tensors, dataclasses.replace(opts, placement=p))
 
     def gpu_total(p: Plan) -> int:
         return p.devices[gpu].total_bytes
@@ -415,8 +410,8 @@ def fit_plan(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementO
             else:
                 hi = mid - 1
     g = sum(d != CPU for d in best.expert_devices)
-    best.options = dataclasses.replace(
-        opts, n_cpu_moe=L - g, gpu_dense_dtype=best.options.gpu_dense_dtype)
+    best.options = dataclasses.replace(opts, placement=dataclasses.replace(
+        opts.placement, n_cpu_moe=L - g, gpu_dense_dtype=best.options.placement.gpu_dense_dtype))
     note = (f"fit: budget {_g(budget_bytes)} on {gpu}; {g} of {L} expert layers on the GPU "
             f"(--n-cpu-moe {L - g}) need {_g(gpu_total(best))}")
     if g < L:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from hybridmoe.placement.expert_backends import expert_backend
 from hybridmoe.placement.memory import GIB
 from hybridmoe.placement.plan import Plan
 from hybridmoe.placement.rules import CPU, KINDS
@@ -24,18 +23,11 @@ def _layer_ranges(layers: list[int]) -> str:
     return ",".join(out)
 
 
-def layer_backends(plan: Plan) -> list[str]:
-    """The expert backend each layer will load with (placement.expert_backends' rule)."""
-    where = {t.name: t.device for t in plan.tensors}
-    return [expert_backend(where.get(f"blk.{i}.ffn_gate_inp.weight", attn), exp, plan.options.upload_slots)
-            for i, (attn, exp) in enumerate(zip(plan.layer_devices, plan.expert_devices))]
-
-
 def format_layers(plan: Plan) -> list[str]:
     """Runs of layers with the same attention device and expert backend, one row per run."""
     rows = [f"{'layers':<10}{'attention':<12}experts"]
     runs: list[tuple[list[int], str, str]] = []
-    for i, (attn, kind) in enumerate(zip(plan.layer_devices, layer_backends(plan))):
+    for i, (attn, kind) in enumerate(zip(plan.layer_devices, plan.expert_backends)):
         if runs and runs[-1][1:] == (attn, kind):
             runs[-1][0].append(i)
         else:
@@ -54,7 +46,7 @@ def format_plan(plan: Plan, ram_available: int | None = None) -> str:
     lines = [
         f"context {plan.ctx_size} tokens ({o.n_parallel} slot(s) of {plan.ctx_per_slot}), "
         f"micro-batch {o.batch_size}, "
-        f"KV {o.kv_dtype_bytes:g} B/value, expert upload buffers {o.upload_slots}",
+        f"KV {o.kv_dtype_bytes:g} B/value, expert upload buffers {o.placement.upload_buffers}",
         "",
         f"{'GiB':<24}" + "".join(f"{d:>{w}}" for d in devs),
     ]

@@ -164,7 +164,7 @@ class SamplingFields(Lenient):
 
     @model_validator(mode="after")
     def _one_constraint(self) -> SamplingFields:
-        given = [f for f in ("grammar", "json_schema") if getattr(self, f) is not None]
+        given = [f for f, v in (("grammar", self.grammar), ("json_schema", self.json_schema)) if v is not None]
         if self.json_mode():
             given.append("response_format")
         if len(given) > 1:

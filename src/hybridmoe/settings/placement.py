@@ -46,8 +46,8 @@ class PlacementSettings:
     gpu_device (--gpu-device): the GPU (cuda:N or CUDAN; cpu for a CPU-only plan).
     fit (--fit, -ngl auto): choose how many expert layers go on the GPU to fit the VRAM budget.
     vram_budget (--vram-budget): GiB the plan may use on the GPU (None: free VRAM minus a margin).
-    upload_slots (--upload-slots): GPU buffers, each one CPU layer's experts, that prompt batches
-        stream experts into (0: prompt batches compute CPU experts on the CPU). One is llama.cpp's
+    upload_buffers (--upload-buffers): GPU buffers, each one CPU layer's experts, that prompt
+        batches stream experts into (0: prompt batches compute CPU experts on the CPU). One is llama.cpp's
         footprint; two let the next layer's upload overlap this layer's compute.
     gpu_dense_dtype (--gpu-dense-dtype): quantized non-expert weights (Q8_0 attention, output
         head) on a GPU: "stored" (dequantized inside the matmul), or converted once at load to
@@ -61,7 +61,7 @@ class PlacementSettings:
     gpu_device: str = "cuda:0"
     fit: bool = False
     vram_budget: float | None = None
-    upload_slots: int = 1
+    upload_buffers: int = 1
     gpu_dense_dtype: str = "auto"
 
     def __post_init__(self) -> None:
@@ -71,7 +71,7 @@ class PlacementSettings:
         require(not isinstance(self.override_tensor, str), "-ot/--override-tensor",
                 "be a list of 'REGEX=DEVICE' strings, not a str", self.override_tensor)
         require(self.vram_budget is None or self.vram_budget > 0, "--vram-budget", "be > 0 GiB", self.vram_budget)
-        require(self.upload_slots >= 0, "--upload-slots", "be >= 0", self.upload_slots)
+        require(self.upload_buffers >= 0, "--upload-buffers", "be >= 0", self.upload_buffers)
         require(self.gpu_dense_dtype in GPU_DENSE_DTYPES, "--gpu-dense-dtype",
                 f"be one of {', '.join(GPU_DENSE_DTYPES)}", self.gpu_dense_dtype)
 
@@ -90,7 +90,7 @@ class PlacementSettings:
             n_gpu_layers=ngl if isinstance(ngl, int) else None,
             cpu_moe=args.cpu_moe, n_cpu_moe=args.n_cpu_moe, override_tensor=tuple(args.override_tensor),
             gpu_device=args.gpu_device, fit=args.fit == "on" or auto_fit, vram_budget=args.vram_budget,
-            upload_slots=args.upload_slots, gpu_dense_dtype=args.gpu_dense_dtype)
+            upload_buffers=args.upload_buffers, gpu_dense_dtype=args.gpu_dense_dtype)
 
 
 def add_placement_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -110,7 +110,7 @@ def add_placement_args(parser: argparse.ArgumentParser) -> list[argparse.Action]
         g.add_argument("--vram-budget", type=float, default=d.vram_budget,
                        help="GiB the plan may use on the GPU (default: free VRAM minus a margin)"),
         g.add_argument("--gpu-device", default=d.gpu_device, help="the GPU (cuda:N, CUDAN, or cpu for CPU-only)"),
-        g.add_argument("--upload-slots", type=int, default=d.upload_slots,
+        g.add_argument("--upload-buffers", "--upload-slots", type=int, default=d.upload_buffers,
                        help="GPU buffers of one layer's CPU experts for prompt batches (0 = compute them on the CPU)"),
         g.add_argument("--gpu-dense-dtype", default=d.gpu_dense_dtype, choices=GPU_DENSE_DTYPES,
                        help="quantized non-expert weights on the GPU: converted when the budget allows (auto), "
