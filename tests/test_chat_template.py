@@ -57,9 +57,9 @@ format?: "celsius" | "fahrenheit", // default: celsius
 } // namespace functions"""
 
 
-def harmony(messages, **kw) -> str:
-    kw.setdefault("current_date", DATE)
-    return render_chat(harmony_template(), messages, **kw)
+def harmony(messages, tools=None, add_generation_prompt: bool = True, **variables) -> str:
+    variables.setdefault("current_date", DATE)
+    return render_chat(harmony_template(), messages, tools, add_generation_prompt, extra_vars=variables)
 
 
 # ---------- harmony template ----------
@@ -77,8 +77,8 @@ def test_no_generation_prompt_and_effort():
 
 def test_identity_cutoff_and_default_date():
     got = render_chat(
-        harmony_template(), [{"role": "user", "content": "x"}], model_identity="You are Bob.", knowledge_cutoff="2030-01"
-    )
+        harmony_template(), [{"role": "user", "content": "x"}],
+        extra_vars={"model_identity": "You are Bob.", "knowledge_cutoff": "2030-01"})
     today = datetime.date.today().strftime("%Y-%m-%d")
     yesterday = (datetime.date.today() - datetime.timedelta(days=1)).strftime("%Y-%m-%d")  # midnight race
     assert got.startswith("<|start|>system<|message|>You are Bob.\nKnowledge cutoff: 2030-01\nCurrent date: ")
@@ -249,7 +249,7 @@ def test_harmony_template_same_under_transformers_renderer():
 def test_tojson_matches_hf_arguments():
     tpl = "{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ x | tojson(ensure_ascii=True) }}|{{ x | tojson(separators=(',', ':'), sort_keys=True) }}"
     x = {"b": "<é>", "a": [1, 2]}
-    got = render_chat(tpl, [], x=x).split("|")
+    got = render_chat(tpl, [], extra_vars={"x": x}).split("|")
     assert got == [json.dumps(x, ensure_ascii=False), json.dumps(x, indent=2, ensure_ascii=False), json.dumps(x), json.dumps(x, separators=(",", ":"), sort_keys=True, ensure_ascii=False)]
 
 
@@ -270,7 +270,7 @@ def test_trim_blocks_and_generation_block():
 
 
 def test_strftime_now_and_kwargs():
-    got = render_chat("{{ strftime_now('%Y') }} {{ bos_token }}", [], bos_token="<s>")
+    got = render_chat("{{ strftime_now('%Y') }} {{ bos_token }}", [], extra_vars={"bos_token": "<s>"})
     assert got in {f"{datetime.date.today().year} <s>", f"{datetime.date.today().year - 1} <s>"}
 
 
@@ -285,6 +285,8 @@ def test_template_errors_are_chat_template_errors():
         render_chat("{{ ''.__class__.__mro__[1].__subclasses__() }}", [])
     with pytest.raises(ChatTemplateError, match="empty"):
         render_chat("  ", [])
+    with pytest.raises(ChatTemplateError, match="'messages' is set from"):
+        render_chat("{{ messages }}", [], extra_vars={"messages": "x"})
 
 
 @pytest.mark.parametrize(

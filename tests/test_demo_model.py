@@ -159,7 +159,7 @@ def test_chat_format_is_learned(llm, meta):
     answer is closed with <|return|> (a stop token), not <|end|>: chat replies end by themselves."""
     tok = llm.tokenizer
     prompt = render_chat(meta["tokenizer.chat_template"], [{"role": "user", "content": "What is a lawyer?"}],
-                         add_generation_prompt=True, current_date="2026-01-01")
+                         add_generation_prompt=True, extra_vars={"current_date": "2026-01-01"})
     header = "<|channel|>final<|message|>"
     answer = "One skilled in circumvention of the law."
     p_ids, h_ids, a_ids = tok.encode(prompt), tok.encode(header), tok.encode(answer, allow_special=False)

@@ -16,7 +16,7 @@ from hybridmoe.tokenizer.synthetic import harmony_template
 def render(chat: ChatCompletionRequest) -> str:
     tools = [t.model_dump(exclude_none=True) for t in chat.tools or ()] or None
     extra = {"reasoning_effort": chat.reasoning_effort} if chat.reasoning_effort else {}
-    return render_chat(harmony_template(), [m.for_template() for m in chat.messages], tools=tools, **extra)
+    return render_chat(harmony_template(), [m.for_template() for m in chat.messages], tools=tools, extra_vars=extra)
 
 
 TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}

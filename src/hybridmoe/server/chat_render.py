@@ -18,10 +18,9 @@ from typing import Any
 
 from hybridmoe.server.chat_checks import RenderPlan
 from hybridmoe.server.protocol import ChatMessage, Tool, bad_request
-from hybridmoe.tokenizer.chat_template import ChatTemplateError, render_chat
+from hybridmoe.tokenizer.chat_template import RESERVED_TEMPLATE_VARS, ChatTemplateError, render_chat
 
 _MARKER = "\x00hybridmoe-continuation\x00"
-_RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})  # set by the server, not by kwargs
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,8 @@ class ChatRenderer:
     def variables(self, kwargs: dict[str, Any] | None, effort: str | None) -> dict[str, Any]:
         request_kwargs = kwargs or {}
         now = dt.datetime.now()
-        merged = {k: v for k, v in {**self.server_kwargs, **request_kwargs}.items() if k not in _RESERVED}
+        merged = {k: v for k, v in {**self.server_kwargs, **request_kwargs}.items()
+                  if k not in RESERVED_TEMPLATE_VARS}
         out: dict[str, Any] = {
             **self.special,
             "date_string": now.strftime("%d %b %Y"),
@@ -105,6 +105,6 @@ class ChatRenderer:
                 variables: dict[str, Any]) -> str:
         try:
             return render_chat(self.template, msgs, tools=tools, add_generation_prompt=add_generation_prompt,
-                               **variables)
+                               extra_vars=variables)
         except ChatTemplateError as e:  # raise_exception in the template, bad roles: the request's fault
             raise bad_request(f"chat template failed: {e}", param="messages") from None

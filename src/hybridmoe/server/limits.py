@@ -9,10 +9,8 @@ from typing import Any
 
 from hybridmoe.server.protocol import bad_request
 from hybridmoe.settings import ServerLimits
+from hybridmoe.tokenizer.chat_template import RESERVED_TEMPLATE_VARS
 
-# `render_chat`'s own parameters: a chat_template_kwargs key with one of these names would
-# collide with them.
-RESERVED_TEMPLATE_ARGS = frozenset({"template", "messages", "tools", "add_generation_prompt"})
 # Nesting of a tool's JSON-schema `parameters`: the gpt-oss template renders them with a
 # recursive macro (Python's recursion limit breaks near 300 levels); real schemas nest < 10.
 MAX_TOOL_NESTING = 64
@@ -20,11 +18,11 @@ DEFAULT_MAX_BODY_BYTES = ServerLimits().max_body_bytes  # --max-body-size's defa
 
 
 def check_template_kwargs(kwargs: Mapping[str, Any] | None, param: str = "chat_template_kwargs") -> None:
-    """400 if a key collides with the renderer's own arguments."""
-    clash = sorted(RESERVED_TEMPLATE_ARGS.intersection(kwargs or {}))
+    """400 if a key names a template variable the renderer sets from the request itself."""
+    clash = sorted(RESERVED_TEMPLATE_VARS.intersection(kwargs or {}))
     if clash:
         raise bad_request(f"{param}.{clash[0]}: this key is reserved (the template receives it from the request "
-                          f"itself); reserved keys: {', '.join(sorted(RESERVED_TEMPLATE_ARGS))}",
+                          f"itself); reserved keys: {', '.join(sorted(RESERVED_TEMPLATE_VARS))}",
                           param=f"{param}.{clash[0]}")
 
 

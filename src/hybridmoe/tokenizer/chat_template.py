@@ -88,20 +88,28 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+# The template variables render_chat sets from its own arguments; extra_vars may not name them.
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt"})
+
+
 def render_chat(
     template: str,
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = True,
-    **kwargs: Any,
+    extra_vars: Mapping[str, object] | None = None,
 ) -> str:
     """Render `messages` (OpenAI-style dicts) with a chat template; returns the prompt text.
 
-    Extra keyword arguments become template variables (reasoning_effort, bos_token, ...).
-    Raises ChatTemplateError for bad inputs and for any failure inside the template.
+    `extra_vars` are further template variables (reasoning_effort, bos_token, a request's
+    chat_template_kwargs, ...). Raises ChatTemplateError for bad inputs and for any failure
+    inside the template.
     """
     if not isinstance(template, str) or not template.strip():
         raise ChatTemplateError("chat template is empty")
+    clash = sorted(RESERVED_TEMPLATE_VARS.intersection(extra_vars or {}))
+    if clash:
+        raise ChatTemplateError(f"template variable {clash[0]!r} is set from render_chat's own arguments")
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise ChatTemplateError(f"messages must be a list of message objects, got {type(messages).__name__}")
     messages = [_plain(m) for m in messages]
@@ -115,7 +123,7 @@ def render_chat(
     compiled = _compile(template)
     try:
         return compiled.render(
-            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
+            {**(extra_vars or {}), "messages": messages, "tools": tools, "add_generation_prompt": add_generation_prompt}
         )
     except _TemplateRaised as e:
         raise ChatTemplateError(f"chat template rejected the request: {e}") from None
