@@ -9,6 +9,7 @@ import torch
 from hybridmoe.models.device_experts import DEFAULT_DECODE_BUDGET_BYTES
 from hybridmoe.models.experts_streamed import StreamCost
 from hybridmoe.placement.plan import Plan
+from hybridmoe.settings import PlacementSettings
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class DeviceOptions:
     cost: when a batch of a streamed layer goes to the device (StreamCost).
     """
 
-    upload_buffers: int = 1
+    upload_buffers: int = PlacementSettings().upload_buffers
     gpu_dense_dtype: str | None = None
     compute_dtype: torch.dtype | None = None
     decode_budget_bytes: int = DEFAULT_DECODE_BUDGET_BYTES

@@ -9,6 +9,7 @@ query needs plus one micro-batch being appended), never more than the context.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -70,12 +71,11 @@ class ComputeEstimate:
 
     @property
     def total(self) -> int:
-        return self.activations + self.attention + self.experts + self.logits + self.expert_upload
+        return sum(self.as_dict().values())
 
     def as_dict(self) -> dict[str, int]:
-        return {"activations": self.activations, "attention": self.attention,
-                "experts": self.experts, "logits": self.logits,
-                "expert_upload": self.expert_upload}
+        """Each part by name, in the order above (the plan's JSON and its printed table)."""
+        return dataclasses.asdict(self)
 
 
 def estimate_compute(cfg: GptOssConfig, *, ubatch: int, ctx_size: int, n_parallel: int,

@@ -66,8 +66,8 @@ class PlacementOptions:
     ctx_size (-c): total context in tokens, split evenly across the n_parallel sequences (as in
         llama-server and `hybridmoe serve`); 0 = the model's training context.
     n_parallel (-np): sequences (serving slots) at once.
-    batch_size: tokens per forward step (llama.cpp's micro-batch, -ub); sizes compute buffers
-        and the sliding-window KV.
+    batch_size: tokens per forward step (ContextSettings.step_tokens, min(-b, -ub)); sizes compute
+        buffers and the sliding-window KV.
     kv_dtype_bytes: bytes per cached K/V value (2 = f16/bf16).
     The sizes' defaults describe one short sequence (a library or test plan); `serve` and `plan`
     pass theirs from settings.ContextSettings / ParallelSettings.
@@ -76,7 +76,7 @@ class PlacementOptions:
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     ctx_size: int = 4096
     n_parallel: int = 1
-    batch_size: int = 512
+    batch_size: int = ContextSettings().step_tokens
     kv_dtype_bytes: float = 2
 
     def validate(self) -> None:

@@ -60,8 +60,9 @@ def format_plan(plan: Plan, ram_available: int | None = None) -> str:
             row(f"  weights: {kind}", vals)
     row("weights", [plan.devices[d].weights_bytes for d in devs])
     row("KV cache", [plan.devices[d].kv_bytes for d in devs])
-    for part in ("activations", "attention", "experts", "logits", "expert_upload"):
-        vals = [plan.devices[d].compute.as_dict()[part] for d in devs]
+    compute = [plan.devices[d].compute.as_dict() for d in devs]
+    for part in compute[0]:
+        vals = [c[part] for c in compute]
         if any(vals):
             row(f"  compute: {part}", vals)
     row("compute", [plan.devices[d].compute_bytes for d in devs])
