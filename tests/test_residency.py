@@ -78,10 +78,8 @@ def test_prefault_reads_a_cold_file_whole(tmp_path):
 
 
 def test_prefault_skips_a_model_larger_than_ram(tmp_path, monkeypatch):
-    import hybridmoe.placement.memory as memory
-
     mm = _evicted_file(tmp_path)
-    monkeypatch.setattr(memory, "available_ram_bytes", lambda: 16 << 20)
+    monkeypatch.setattr(residency, "available_ram_bytes", lambda: 16 << 20)
     assert residency.prefault(_Files(mm), background=True) is None
     assert _resident_fraction(mm) < 0.5
 

@@ -12,7 +12,8 @@ import argparse
 import json
 import sys
 
-from hybridmoe.placement.memory import GIB, available_ram_bytes
+from hybridmoe.gguf.residency import available_ram_bytes
+from hybridmoe.placement.memory import GIB
 from hybridmoe.placement.plan import PlacementOptions, check_fits, make_plan
 from hybridmoe.placement.report import format_plan
 from hybridmoe.placement.rules import PlacementError

@@ -149,7 +149,7 @@ def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
 def _cache_config(cache: PromptCacheSettings) -> Any:
     """The engine's prompt-reuse settings."""
     from hybridmoe.engine.engine import CacheConfig
-    from hybridmoe.placement.memory import available_ram_bytes
+    from hybridmoe.gguf.residency import available_ram_bytes
 
     limit = cache.cache_ram_bytes(available_ram_bytes())
     log.info("prompt cache: %s in RAM, %d checkpoints per slot",

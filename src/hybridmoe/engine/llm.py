@@ -71,8 +71,8 @@ def _placement(model_file: Any, placement: PlacementSettings, ctx_size: int, n_p
             log.warning("no CUDA device: every tensor runs on the CPU (placement options ignored)")
         _warn_if_weights_exceed_ram(model_file)
         return None
+    from hybridmoe.gguf.residency import available_ram_bytes
     from hybridmoe.models.gpt_oss_config import GptOssConfig
-    from hybridmoe.placement.memory import available_ram_bytes
     from hybridmoe.placement.plan import PlacementOptions, check_fits, make_plan, resolve_vram_budget
     from hybridmoe.placement.report import format_plan
 
@@ -86,8 +86,9 @@ def _placement(model_file: Any, placement: PlacementSettings, ctx_size: int, n_p
 
 def _cpu_context(model_file: Any, ctx_size: int, n_parallel: int) -> int:
     """The total context for a CPU KV cache: the request, or the model's capped to fit in RAM."""
+    from hybridmoe.gguf.residency import available_ram_bytes
     from hybridmoe.models.gpt_oss_config import GptOssConfig
-    from hybridmoe.placement.memory import available_ram_bytes, fit_context
+    from hybridmoe.placement.memory import fit_context
 
     cfg = GptOssConfig.from_metadata(model_file.metadata, model_file.path)
     fit = fit_context(cfg, ctx_size, n_parallel, 4, available_ram_bytes())
@@ -99,7 +100,7 @@ def _cpu_context(model_file: Any, ctx_size: int, n_parallel: int) -> int:
 def _warn_if_weights_exceed_ram(model_file: Any) -> None:
     """CPU-only: every weight is used from the mmap, so it all wants page cache. Not fatal (the
     OS pages experts in from disk), but a step then reads the disk: say so up front."""
-    from hybridmoe.placement.memory import available_ram_bytes
+    from hybridmoe.gguf.residency import available_ram_bytes
 
     need = sum(t.nbytes for t in model_file.tensors.values())
     have = available_ram_bytes()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from typing import Any, Callable
 
@@ -84,13 +85,28 @@ def _populate(ranges: list[tuple[int, int]]) -> None:
                 return  # kernel < 5.14: the first prompt faults its pages in itself
 
 
+def available_ram_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (includes reclaimable page cache), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
 def prefault(model_file: Any, background: bool = True,
              keep: Callable[[str], bool] | None = None) -> threading.Thread | None:
     """Advise huge folios and read the model's files (or only the tensors `keep` selects) into
     the page cache, mapping every page; returns the thread when backgrounded (None when run
     inline or skipped)."""
-    from hybridmoe.placement.memory import available_ram_bytes
-
     prefer_huge_folios(model_file)
     ranges = _ranges(model_file) if keep is None else _tensor_ranges(model_file, keep)
     have = available_ram_bytes()

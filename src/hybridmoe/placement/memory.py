@@ -1,5 +1,5 @@
-"""Byte formulas for the non-weight memory of a plan (KV cache, compute buffers) and the probes
-for what a machine has (free VRAM, available RAM).
+"""Byte formulas for the non-weight memory of a plan (KV cache, compute buffers) and the probe
+for free VRAM (available RAM: gguf.residency.available_ram_bytes).
 
 KV per layer and token = n_kv_heads * head_dim * 2 (K and V) * bytes per value
 (docs/gpt-oss.md: 2048 B at f16 for gpt-oss). Full-attention layers keep the
@@ -10,7 +10,6 @@ query needs plus one micro-batch being appended), never more than the context.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 from hybridmoe.models.gpt_oss_config import GptOssConfig
@@ -89,23 +88,6 @@ def estimate_compute(cfg: GptOssConfig, *, ubatch: int, ctx_size: int, n_paralle
     exp = ubatch * k * (3 * F + H) * F32 if runs_experts else 0
     logits = n_parallel * cfg.vocab_size * F32 if runs_output else 0
     return ComputeEstimate(act, attn, exp, logits, upload_bytes)
-
-
-def available_ram_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (includes reclaimable page cache), or None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if hasattr(os, "sysconf"):
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError):
-            return None
-    return None
 
 
 def cuda_free_bytes(device: str) -> int | None:
