@@ -59,6 +59,8 @@ def mxfp4_roundtrip_experts(state: dict[str, torch.Tensor], n_layers: int) -> No
 def gpt_oss_config(hf_config: Any) -> GptOssConfig:
     """Our config from an HF GptOssConfig: the one place HF's names map onto ours."""
     c = hf_config
+    # Newer transformers keep rope_theta and the YaRN fields in rope_parameters; older ones in
+    # rope_scaling plus a rope_theta attribute (HF's default 150000): read whichever this one has.
     rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
     yarn = rope.get("rope_type", rope.get("type")) == "yarn"
     return GptOssConfig(

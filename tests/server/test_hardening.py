@@ -30,12 +30,18 @@ def _assert_400(status: int, answer: object, param: str) -> None:
     assert err["message"].startswith(param), err
 
 
-@pytest.mark.parametrize("key", ["tools", "add_generation_prompt", "messages", "template"])
+@pytest.mark.parametrize("key", ["tools", "add_generation_prompt", "messages"])
 def test_template_kwargs_clashing_with_the_renderer(server: ServerProcess, key: str):
     for path, body in (("/v1/chat/completions", _chat(chat_template_kwargs={key: 1})),
                        ("/apply-template", {"messages": MSG, "chat_template_kwargs": {key: 1}})):
         status, answer = server.request("POST", path, body)
         _assert_400(status, answer, f"chat_template_kwargs.{key}")
+
+
+def test_other_template_kwargs_are_plain_template_variables(server: ServerProcess):
+    # "template" was refused only while it was a Python parameter of render_chat.
+    status, answer = server.request("POST", "/apply-template", {"messages": MSG, "chat_template_kwargs": {"template": 1}})
+    assert status == 200 and answer["prompt"], answer
 
 
 @pytest.mark.parametrize("path,body,param", [
