@@ -14,14 +14,20 @@ import argparse
 import gzip
 import hashlib
 import json
+import lzma
 import random
+import sys
 import re
 import struct
 import subprocess
 import zlib
 from pathlib import Path
 
-WORK = Path(__file__).resolve().parent / "work"
+HERE = Path(__file__).resolve().parent
+WORK = HERE / "work"
+VERSE_TABLE = HERE / "web_verses.tsv.xz"  # committed: demo/lookup_verse.py reads it
+sys.path.insert(0, str(HERE))
+from chat_format import LOOKUP_VERSE_TOOL, call_message, final_reply, render_prompt, tool_call_reply  # noqa: E402
 PACKAGES = ["sword-text-web", "sword-comm-mhcc", "sword-comm-tdavid", "python3.11-doc", "dict-devil"]
 SWORD = "usr/share/sword/modules"
 SWORD_MODULES = [  # (source name, data path, block-index extension prefix, verse-entry bytes)
@@ -56,11 +62,11 @@ _WS = re.compile(r"[ \t\u00a0]+")
 
 def osis_to_text(raw: str) -> str:
     """OSIS markup -> text with '\n' at paragraph/title boundaries; notes dropped."""
-    s = _NOTE.sub("", raw)
+    s = _NOTE.sub(" ", raw)  # a note often sits between two words
     s = _PARA.sub("\n", s)
     s = _TAG.sub("", s)
     s = s.replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"')
-    lines = (_WS.sub(" ", ln).strip() for ln in s.split("\n"))
+    lines = (re.sub(r" ([,.;:!?’”)])", r"\1", _WS.sub(" ", ln)).strip() for ln in s.split("\n"))
     return "\n".join(ln for ln in lines if ln)
 
 
@@ -212,70 +218,224 @@ def devil_documents(root: Path) -> list[dict]:
     return docs
 
 
+# ---------------------------------------------------------------- WEB verse table (the demo tool's data)
+
+_BOOK_START = re.compile(r'<div\b(?=[^>]*\bsID=)(?=[^>]*type="book")[^>]*osisID="([^"]+)"')
+_BOOK_NAME = re.compile(r'<milestone n="([^"]+)" type="x-usfm-h"')
+_CHAPTER_START = re.compile(r'<chapter\b(?=[^>]*\bsID=)[^>]*\bn="(\d+)"')
+CANON = 66  # the Protestant canon: the deuterocanonical books are left out of the tool's table
+
+
+def web_verses(root: Path) -> list[tuple[str, int, int, str]]:
+    """(book, chapter, verse, text) for every verse of the WEB module, walking the versification
+    index: a book heading entry, then per chapter a heading entry and one entry per verse."""
+    moddir = root / SWORD / "texts/ztext/engWEB2015eb"
+    out: list[tuple[str, int, int, str]] = []
+    for testament in ("ot", "nt"):
+        idx = (moddir / f"{testament}.bzs").read_bytes()
+        dat = (moddir / f"{testament}.bzz").read_bytes()
+        blocks = [zlib.decompress(dat[o:o + s]) for o, s, _ in
+                  (struct.unpack_from("<3I", idx, i) for i in range(0, len(idx), 12))]
+        vidx = (moddir / f"{testament}.bzv").read_bytes()
+        book, chapter, verse = "", 0, 0
+        for i in range(0, len(vidx), 10):
+            blk, off, size = struct.unpack_from("<IIH", vidx, i)
+            raw = blocks[blk][off:off + size].decode("utf-8", "replace") if size and blk < len(blocks) else ""
+            starts = _BOOK_START.findall(raw)
+            if starts:
+                names = _BOOK_NAME.findall(raw)
+                book, chapter, verse = (names[-1] if names else starts[-1]), 0, 0
+                continue
+            m = _CHAPTER_START.search(raw)
+            if m:
+                chapter, verse = int(m.group(1)), 0
+                continue
+            if chapter == 0:
+                continue
+            verse += 1
+            text = " ".join(osis_to_text(raw).split())
+            if text:
+                out.append((book, chapter, verse, text))
+    books = list(dict.fromkeys(b for b, _, _, _ in out))
+    canon = [b for b in books if b not in DEUTEROCANON]
+    return [v for v in out if v[0] in canon]
+
+
+DEUTEROCANON = {"Tobit", "Judith", "Esther (Greek)", "Wisdom of Solomon", "Sirach", "Baruch", "Daniel (Greek)",
+                "1 Maccabees", "2 Maccabees", "1 Esdras", "Prayer of Manasses", "Psalm 151", "3 Maccabees",
+                "2 Esdras", "4 Maccabees"}
+
+
+def write_verse_table(verses: list[tuple[str, int, int, str]], path: Path) -> None:
+    with lzma.open(path, "wt", encoding="utf-8", preset=9 | lzma.PRESET_EXTREME) as f:
+        for book, chapter, verse, text in verses:
+            f.write(f"{book}\t{chapter}\t{verse}\t{text}\n")
+
+
 # ---------------------------------------------------------------- harmony chat wrapping
 
-SYSTEM_TMPL = ("You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\n"
-               "Current date: {date}\n\nReasoning: {effort}\n\n# Valid channels: analysis, commentary, "
-               "final. Channel must be included for every message.{tools}")
-TOOLS_LINE = "\nCalls to these tools must go to the commentary channel: 'functions'."
+SOURCE_NAMES = {"web": "the World English Bible", "mhcc": "Matthew Henry's commentary",
+                "tdavid": "Spurgeon's Treasury of David", "pydoc": "the Python documentation",
+                "devil": "The Devil's Dictionary"}
 _SENT = re.compile(r"(?<=[.!?;:])[\"'”’)]*\s+(?=[\"“‘(]?[A-Z0-9])")
-PROMPTS = ["{s}", "{s}", "{s}", "Tell me about this: {s}", "Continue: {s}", "Please go on. {s}",
+PROMPTS = ["{s}", "{s}", "Tell me about this: {s}", "Continue: {s}", "Please go on. {s}",
            "What comes next? {s}", "Write a few sentences after this: {s}", "Explain: {s}"]
-DEVIL_PROMPTS = ["What is {h}?", "Define {h}.", "What does {h} mean?", "{h}", "Tell me about {h}."]
+TOPIC_PROMPTS = ["What is {k}?", "Tell me about {k}.", "Say something about {k}.", "Explain {k}.",
+                 "What can you tell me about {k}?", "Describe {k}.", "Write a few sentences about {k}.",
+                 "What do you know about {k}?", "Give me some thoughts on {k}.", "Why {k}?"]
+DEVIL_PROMPTS = ["What is {h}?", "Define {h}.", "What does {h} mean?", "{h}", "Tell me about {h}.",
+                 "What is the meaning of {h}?", "Explain {h}."]
+REASONING = [
+    "The user asks about {t}. {S} speaks of this. I will answer in a few sentences.",
+    "The user asks about {t}. {S} says: {q} I will keep the answer short.",
+    "The question is about {t}. I can answer from {s}.",
+    "The user wants to know about {t}. {S} has a passage on it. Answer briefly and plainly.",
+    "The user asks: {u} This is about {t}. {S} says: {q}",
+]
+USER_INSTRUCTIONS = ["You are a helpful assistant.", "Answer briefly.", "You are a helpful assistant. Be concise.",
+                     "Reply in plain English."]
+REASONING_P = {"low": 0.1, "medium": 0.4, "high": 0.85}  # share of answers with analysis, by effort
+_HEADING = re.compile(r"^(?:Ver(?:se|s)?s?\.?\s*[\d\-–, ]*\.?|\d+[\d\-–,:. ]*|[IVXLC]+\.)\s*")
+_POS = re.compile(r"^(?:(?:n|v|adj|adv|pp|p|prep|conj|pron|interj|x|t|i)\.\s*)+")
+_STOP = set("about above after again against because before being below between could doing during every "
+            "further having however might other shall should their there these thing things those through "
+            "under until which while would whose where itself there's".split())
 
 
 def sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENT.split(text.replace("\n", " ")) if s.strip()]
+    """Sentences, with heading fragments ("Ver. 3.", "2.", "Verse 4.") dropped."""
+    out = []
+    for s in _SENT.split(text.replace("\n", " ")):
+        s = _HEADING.sub("", s.strip()).strip()
+        if len(s.split()) >= 3:
+            out.append(s)
+    return out
 
 
-def system_message(rng: random.Random) -> str:
-    if rng.random() < 0.15:
-        return ""  # some prompts come without the system message (raw templates, other clients)
+def whole_answer(answer: str) -> bool:
+    """At least five words and starting like a sentence, not a fragment."""
+    return len(answer.split()) >= 5 and (answer[:1].isalpha() or answer[:1] in "\"“‘(")
+
+
+def keyword(answer: str, rng: random.Random) -> str | None:
+    words = [w.strip(".,;:!?\"“”‘’()'") for w in answer.split()[:25]]
+    cands = [w for w in words if len(w) >= 5 and w.isalpha() and w.lower() not in _STOP]
+    if not cands:
+        return None
+    w = rng.choice(cands)
+    return w if w[0].isupper() and w.lower() not in ("the",) and rng.random() < 0.5 else w.lower()
+
+
+def settings(rng: random.Random) -> tuple[str, str]:
     date = f"{rng.randint(2024, 2027)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
-    effort = rng.choice(["low", "medium", "medium", "high"])
-    tools = TOOLS_LINE if rng.random() < 0.5 else ""
-    return f"<|start|>system<|message|>{SYSTEM_TMPL.format(date=date, effort=effort, tools=tools)}<|end|>"
+    return rng.choice(["low", "medium", "medium", "high"]), date
 
 
-def chat_turn(user: str, answer: str) -> tuple[str, str]:
-    return (f"<|start|>user<|message|>{user}<|end|><|start|>assistant",
-            f"<|channel|>final<|message|>{answer}")
+def reasoning_text(src: str, user: str, topic: str, answer: str, rng: random.Random) -> str:
+    s_name = SOURCE_NAMES[src]
+    quote = " ".join(answer.split()[:rng.randint(6, 12)]).rstrip(",;:") + " ..."
+    return rng.choice(REASONING).format(t=topic, S=s_name[0].upper() + s_name[1:], s=s_name, q=quote,
+                                        u=user if user.endswith(("?", ".", "!")) else user + ".")
 
 
-def chat_examples(doc: dict, rng: random.Random) -> list[str]:
-    """Turn one document into chat examples of 1-3 sentences (at most ~400 characters) each."""
+def chat_pairs(doc: dict, rng: random.Random) -> list[tuple[str, str, str]]:
+    """(user, answer, topic) pairs from one document; answers are 1-3 whole sentences."""
     if doc["src"] == "devil":
         head = doc["head"].lower() if rng.random() < 0.7 else doc["head"].capitalize()
         body = re.sub(r"^[A-Z][A-Z' -]*,\s*", "", doc["text"], count=1)
+        body = _POS.sub("", body)
         answer = " ".join(sentences(body)[:3])[:MAX_ANSWER]
-        user = rng.choice(DEVIL_PROMPTS).format(h=head)
-        pairs = [chat_turn(user, answer)]
-    else:
-        sents = sentences(doc["text"])
-        pairs, i = [], 1
-        while i < len(sents):
-            n = rng.randint(1, 3)
+        if not whole_answer(answer):
+            return []
+        return [(rng.choice(DEVIL_PROMPTS).format(h=head), answer, head)]
+    sents = sentences(doc["text"])
+    pairs, i = [], 1
+    while i < len(sents):
+        n = rng.randint(1, 3)
+        answer = " ".join(sents[i:i + n])
+        while len(answer) > MAX_ANSWER and n > 1:
+            n -= 1
             answer = " ".join(sents[i:i + n])
-            while len(answer) > MAX_ANSWER and n > 1:
-                n -= 1
-                answer = " ".join(sents[i:i + n])
-            if len(answer) <= MAX_ANSWER:
-                user = rng.choice(PROMPTS).format(s=sents[i - 1][:200].rstrip("?"))
-                pairs.append(chat_turn(user, answer))
-            i += n + 1
-    out = []
-    k = 0
+        if len(answer) <= MAX_ANSWER and whole_answer(answer):
+            kw = keyword(answer, rng)
+            if kw and rng.random() < 0.5:
+                user, topic = rng.choice(TOPIC_PROMPTS).format(k=kw), kw
+            else:
+                prev = sents[i - 1][:200].rstrip("?")
+                user, topic = rng.choice(PROMPTS).format(s=prev), " ".join(prev.split()[:6]).rstrip(",;:.")
+            pairs.append((user, answer, topic))
+        i += n + 1
+    return pairs
+
+
+def chat_examples(doc: dict, rng: random.Random) -> list[str]:
+    """Conversations of 1-3 turns rendered by the server's template; the last answer is the
+    model's output (optionally with analysis first), earlier answers are history (<|end|>)."""
+    pairs = chat_pairs(doc, rng)
+    out, k = [], 0
     while k < len(pairs):
-        # mostly single-turn; sometimes a second turn after the first answer (stored with <|end|>)
-        turns = min(rng.choice([1, 1, 2, 3]), len(pairs) - k)
-        text = system_message(rng)
-        for j in range(turns):
-            prompt, reply = pairs[k + j]
-            last = j == turns - 1
-            text += prompt + reply + ("<|return|>" if last else "<|end|>")
-        out.append(text)
+        turns = min(rng.choice([1, 1, 1, 2, 3]), len(pairs) - k)
+        effort, date = settings(rng)
+        messages: list[dict] = []
+        if rng.random() < 0.1:
+            messages.append({"role": "system", "content": rng.choice(USER_INSTRUCTIONS)})
+        tools = [LOOKUP_VERSE_TOOL] if rng.random() < 0.1 else None  # tool offered but not needed
+        for j in range(turns - 1):
+            user, answer, _ = pairs[k + j]
+            messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        user, answer, topic = pairs[k + turns - 1]
+        messages.append({"role": "user", "content": user})
+        reasoning = reasoning_text(doc["src"], user, topic, answer, rng) if rng.random() < REASONING_P[effort] else ""
+        out.append(render_prompt(messages, tools, effort, date) + final_reply(answer, reasoning))
         k += turns
     return out
+
+
+# ---------------------------------------------------------------- tool-call conversations
+
+VERSE_QUESTIONS = ["What does {r} say?", "What does {r} say?", "Look up {r}.", "Quote {r}.",
+                   "Can you show me {r}?", "What is written in {r}?", "Read {r} to me.", "{r}?",
+                   "Find {r} in the Bible.", "Please give me the text of {r}.", "What is {r}?",
+                   "I'd like to read {r}.", "Show me {r}, please.", "What are the words of {r}?"]
+TOOL_REASONING = ["The user asks for {r}. I will look it up with lookup_verse.",
+                  "The user wants the text of {r}. Call lookup_verse with book {b}, chapter {c}, verse {v}.",
+                  "I need {r}. Look it up."]
+VERSE_ANSWERS = ["{r} says: \"{t}\"", "{r} reads: \"{t}\"", "In the World English Bible, {r} says: \"{t}\"",
+                 "Here is {r}: \"{t}\"", "\"{t}\" ({r})"]
+# The verse questions of demo/chat_check.py: never asked in training, so the check measures the skill.
+HELDOUT_VERSES = {("John", 3, 16), ("Psalms", 23, 1), ("Genesis", 1, 1), ("Romans", 8, 28),
+                  ("Proverbs", 3, 5), ("Matthew", 5, 9), ("Isaiah", 40, 31), ("1 Corinthians", 13, 4),
+                  ("Philippians", 4, 13), ("Mark", 10, 14), ("Jeremiah", 29, 11), ("Luke", 2, 11)}
+
+
+def reference(book: str, chapter: int, verse: int, rng: random.Random) -> str:
+    name = "Psalm" if book == "Psalms" and rng.random() < 0.6 else book
+    if rng.random() < 0.1:
+        name = name.lower()
+    return f"{name} {chapter}:{verse}"
+
+
+def tool_example(book: str, chapter: int, verse: int, text: str, rng: random.Random) -> str:
+    """User asks for a verse -> call -> tool output -> final answer quoting it, as one rendered string."""
+    effort, date = settings(rng)
+    ref = reference(book, chapter, verse, rng)
+    messages: list[dict] = []
+    if rng.random() < 0.1:
+        messages.append({"role": "system", "content": rng.choice(USER_INSTRUCTIONS)})
+    messages.append({"role": "user", "content": rng.choice(VERSE_QUESTIONS).format(r=ref)})
+    tools = [LOOKUP_VERSE_TOOL]
+    args = {"book": book, "chapter": chapter, "verse": verse}
+    reasoning = ""
+    if rng.random() < REASONING_P[effort]:
+        reasoning = rng.choice(TOOL_REASONING).format(r=ref, b=book, c=chapter, v=verse)
+    first = render_prompt(messages, tools, effort, date) + tool_call_reply("lookup_verse", args, reasoning)
+    shown = f"{book} {chapter}:{verse}"
+    messages += [call_message("lookup_verse", args, reasoning),
+                 {"role": "tool", "tool_call_id": "call_0", "content": text}]
+    full = render_prompt(messages, tools, effort, date)
+    assert full.startswith(first), "the template must re-render a tool call exactly as the model wrote it"
+    answer = rng.choice(VERSE_ANSWERS).format(r=shown, t=text)
+    return full + final_reply(answer)
 
 
 # ---------------------------------------------------------------- main
@@ -289,12 +449,16 @@ def is_val(doc: dict, index: int) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--chat-fraction", type=float, default=0.2, help="documents turned into chat examples")
+    ap.add_argument("--chat-fraction", type=float, default=0.35, help="documents turned into chat examples")
+    ap.add_argument("--tool-examples", type=int, default=9000, help="verse-lookup conversations")
     ap.add_argument("--no-fetch", action="store_true", help="reuse demo/work/root")
     args = ap.parse_args()
     root = WORK / "root"
     if not args.no_fetch:
         fetch(root)
+    verses = web_verses(root)
+    write_verse_table(verses, VERSE_TABLE)
+    print(f"{len(verses)} verses -> {VERSE_TABLE} ({VERSE_TABLE.stat().st_size / 1e6:.2f} MB)")
     docs: list[dict] = []
     for name, path, ext, size in SWORD_MODULES:
         docs += sword_documents(root, name, path, ext, size)
@@ -305,20 +469,28 @@ def main() -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
     per_src_index: dict[str, int] = {}
-    with open(outdir / "train.jsonl", "w") as ftr, open(outdir / "val.jsonl", "w") as fva:
-        for doc in docs:
-            idx = per_src_index.get(doc["src"], 0)
-            per_src_index[doc["src"]] = idx + 1
-            f = fva if is_val(doc, idx) else ftr
-            chat_p = 0.6 if doc["src"] == "devil" else args.chat_fraction
-            if rng.random() < chat_p:
-                items = [("chat", t) for t in chat_examples(doc, rng)]
-            else:
-                items = [("text", doc["text"])]
-            for kind, text in items:
-                f.write(json.dumps({"src": doc["src"], "kind": kind, "text": text}) + "\n")
-                key = f"{'val' if f is fva else 'train'}/{doc['src']}/{kind}"
-                counts[key] = counts.get(key, 0) + len(text)
+    rows: dict[str, list[dict]] = {"train": [], "val": []}
+    for doc in docs:
+        idx = per_src_index.get(doc["src"], 0)
+        per_src_index[doc["src"]] = idx + 1
+        split = "val" if is_val(doc, idx) else "train"
+        chat_p = 0.7 if doc["src"] == "devil" else args.chat_fraction
+        if rng.random() < chat_p:
+            rows[split] += [{"src": doc["src"], "kind": "chat", "text": t} for t in chat_examples(doc, rng)]
+        else:
+            rows[split].append({"src": doc["src"], "kind": "text", "text": doc["text"]})
+    pool = [v for v in verses if (v[0], v[1], v[2]) not in HELDOUT_VERSES and len(v[3]) <= 300]
+    for i in range(args.tool_examples):
+        v = rng.choice(pool)
+        split = "val" if i % VAL_BUCKETS == 0 else "train"
+        rows[split].append({"src": "web", "kind": "tool", "text": tool_example(*v, rng)})
+    for split, items in rows.items():
+        rng.shuffle(items)  # tool conversations spread through the stream, not in one block
+        with open(outdir / f"{split}.jsonl", "w") as f:
+            for r in items:
+                f.write(json.dumps(r) + "\n")
+                key = f"{split}/{r['src']}/{r['kind']}"
+                counts[key] = counts.get(key, 0) + len(r["text"])
     for k in sorted(counts):
         print(f"{k:24s} {counts[k] / 1e6:7.2f} MB")
 

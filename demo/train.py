@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,9 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GptOssConfig, GptOssForCausalLM
 
-WORK = Path(__file__).resolve().parent / "work"
+HERE = Path(__file__).resolve().parent
+WORK = HERE / "work"
+sys.path.insert(0, str(HERE))
 EOT = "<|endoftext|>"  # separates packed documents
 
 
@@ -47,33 +50,41 @@ def model_config(vocab_size: int) -> GptOssConfig:
 def load_tokens(split: str, tok: Tokenizer) -> np.ndarray:
     """The split as one uint16 stream of documents joined by <|endoftext|> (cached as .npy)."""
     cache = WORK / f"tokens_{split}.npy"
-    if cache.exists() and cache.stat().st_mtime > (WORK / "tokenizer.json").stat().st_mtime:
+    src = WORK / "corpus" / f"{split}.jsonl"
+    newest = max((WORK / "tokenizer.json").stat().st_mtime, src.stat().st_mtime)
+    if cache.exists() and cache.stat().st_mtime > newest:
         return np.load(cache)
-    texts = [json.loads(line)["text"] for line in open(WORK / "corpus" / f"{split}.jsonl")]
+    arr = encode_jsonl(src, tok)
+    np.save(cache, arr)
+    return arr
+
+
+def encode_jsonl(path: Path, tok: Tokenizer) -> np.ndarray:
+    texts = [json.loads(line)["text"] for line in open(path)]
     eot = tok.token_to_id(EOT)
     ids: list[int] = []
     for enc in tok.encode_batch(texts):
         ids += enc.ids
         ids.append(eot)
-    arr = np.asarray(ids, dtype=np.uint16)
-    np.save(cache, arr)
-    return arr
+    return np.asarray(ids, dtype=np.uint16)
 
 
 def loss_mask(ids: np.ndarray, tok: Tokenizer) -> np.ndarray:
-    """False at each <|end|> that closes an assistant message (a past turn of a multi-turn chat): the
-    model sees it in context but is never trained to emit it, so generated answers end in <|return|>.
-    An <|end|> closes an assistant message iff a <|channel|> came after the last <|start|>."""
+    """False at each <|end|> that closes an assistant final or commentary message (a past turn of a
+    multi-turn chat, a tool's output): the model sees it in context but is never trained to emit it,
+    so answers end in <|return|> and tool calls in <|call|>. The <|end|> after analysis-channel
+    reasoning stays trained: the model must close its reasoning before the final answer.
+    The channel is the text right after <|channel|>; <|start|> opens a new header."""
     start, channel, end = (tok.token_to_id(s) for s in ("<|start|>", "<|channel|>", "<|end|>"))
     mask = np.ones(len(ids), dtype=bool)
-    in_assistant = False
+    masking = False
     for i in np.flatnonzero((ids == start) | (ids == channel) | (ids == end)).tolist():
         t = ids[i]
         if t == start:
-            in_assistant = False
+            masking = False
         elif t == channel:
-            in_assistant = True
-        elif in_assistant:
+            masking = not tok.decode(ids[i + 1:i + 4].tolist(), skip_special_tokens=False).startswith("analysis")
+        elif masking:
             mask[i] = False
     return mask
 
@@ -134,15 +145,32 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=20261202)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--init-gguf", type=Path, default=None,
+                    help="warm start: weights and tokenizer from a demo GGUF (the tokenizer is written to "
+                         "demo/work/tokenizer.json, so token ids match the file)")
+    ap.add_argument("--init-check", type=Path, default=None,
+                    help="with --init-gguf: a corpus .jsonl whose held-out loss is logged before training")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if args.init_gguf and not args.resume:
+        from from_gguf import tokenizer_from_gguf
+
+        tokenizer_from_gguf(args.init_gguf).save(str(WORK / "tokenizer.json"))
     tok = Tokenizer.from_file(str(WORK / "tokenizer.json"))
     train, val = load_tokens("train", tok), load_tokens("val", tok)
     train_mask = torch.from_numpy(loss_mask(train, tok))
     windows = val_windows(val, args.seq, 48)
     model = GptOssForCausalLM._from_config(model_config(tok.get_vocab_size()), attn_implementation="eager")
+    if args.init_gguf and not args.resume:
+        from from_gguf import hf_state_from_gguf
+
+        model.load_state_dict(hf_state_from_gguf(args.init_gguf, model.config.num_hidden_layers))
+        if args.init_check:
+            check = val_windows(encode_jsonl(args.init_check, tok), args.seq, 48)
+            log({"event": "init", "gguf": str(args.init_gguf), "check_corpus": str(args.init_check),
+                 "check_loss": round(evaluate(model, check), 4), "val_loss": round(evaluate(model, windows), 4)})
     model.train()
     opt = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(args.seed)
@@ -157,7 +185,7 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     if not args.bench:
         log({"event": "start", "seed": args.seed, "params": n_params, "train_tokens": int(len(train)),
-             "masked_end_tokens": int((~train_mask).sum()), "val_tokens": int(len(val)), "val_eval_tokens": int(windows.numel()), "args": vars(args),
+             "masked_end_tokens": int((~train_mask).sum()), "val_tokens": int(len(val)), "val_eval_tokens": int(windows.numel()), "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
              "torch": torch.__version__, "resume_step": step})
     t0 = time.time() - elapsed0
     last_ckpt = time.time()
