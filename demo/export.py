@@ -89,7 +89,7 @@ def write_test_sample(tok: Tokenizer, target_bytes: int = 6500) -> None:
     the ids the training tokenizer gives them (tests/data/demo_heldout_ids.json)."""
     rows = [json.loads(line) for line in open(WORK / "corpus" / "val.jsonl")]
     picked, size = [], 0
-    for src, kind in [("web", "text"), ("devil", "chat"), ("tdavid", "chat"), ("pydoc", "text"),
+    for src, kind in [("web", "text"), ("web", "tool"), ("devil", "chat"), ("tdavid", "chat"), ("pydoc", "text"),
                       ("mhcc", "chat"), ("devil", "text"), ("web", "chat"), ("tdavid", "text"),
                       ("pydoc", "chat"), ("mhcc", "text")]:
         doc = next((r["text"] for r in rows if r["src"] == src and r["kind"] == kind), None)
@@ -121,7 +121,8 @@ def main() -> None:
     t0 = time.time()
     meta = gpt_oss_metadata(cfg, tokenizer_metadata(tok), name="hybridmoe-demo")
     meta["general.description"] = ("Toy gpt-oss-architecture MoE trained by hybridmoe on public-domain and "
-                                   "PSF-licensed text; writes English-looking text. See docs/demo-model.md.")
+                                   "PSF-licensed text; writes English-looking text, reasons in the analysis channel and "
+                                   "calls one demo tool (lookup_verse). See docs/demo-model.md.")
     specs = hf_to_gguf_tensors(state, cfg.num_hidden_layers, dense_type=DENSE_TYPE, expert_type=GGMLType.MXFP4)
     size = write_gguf(args.out, meta, specs)
     result = {"checkpoint": str(args.checkpoint), "out": str(args.out), "bytes": size,

@@ -8,6 +8,7 @@ re-interleaved), so the comparison needs nothing from demo/work/.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from hybridmoe.tokenizer.tokenizer import Tokenizer
 
 DEMO = Path(__file__).resolve().parent.parent / "src" / "hybridmoe" / "data" / "demo.gguf"
 DATA = Path(__file__).resolve().parent / "data"
+DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
 WINDOW = 512  # the training sequence length
 
 pytestmark = pytest.mark.skipif(not DEMO.exists(), reason="demo.gguf not built yet (see demo/README.md)")
@@ -158,8 +160,10 @@ def test_chat_format_is_learned(llm, meta):
     """After the template's generation prompt the model opens a final-channel message, and a finished
     answer is closed with <|return|> (a stop token), not <|end|>: chat replies end by themselves."""
     tok = llm.tokenizer
+    # reasoning_effort low: the corpus never puts analysis-channel reasoning before a low-effort answer
     prompt = render_chat(meta["tokenizer.chat_template"], [{"role": "user", "content": "What is a lawyer?"}],
-                         add_generation_prompt=True, extra_vars={"current_date": "2026-01-01"})
+                         add_generation_prompt=True,
+                         extra_vars={"current_date": "2026-01-01", "reasoning_effort": "low"})
     header = "<|channel|>final<|message|>"
     answer = "One skilled in circumvention of the law."
     p_ids, h_ids, a_ids = tok.encode(prompt), tok.encode(header), tok.encode(answer, allow_special=False)
@@ -173,3 +177,57 @@ def test_chat_format_is_learned(llm, meta):
     probs /= probs.sum()
     ret, end = tok.token_id("<|return|>"), tok.token_id("<|end|>")
     assert probs[ret] > 0.2 and probs[ret] > 10 * probs[end], (probs[ret], probs[end])
+
+
+# ---------------------------------------------------------------- training format == serving format
+
+
+@pytest.fixture(scope="module")
+def chat_format():
+    """demo/chat_format.py, the module that renders every chat example of the training corpus."""
+    sys.path.insert(0, str(DEMO_DIR))
+    try:
+        import chat_format as module
+    finally:
+        sys.path.remove(str(DEMO_DIR))
+    return module
+
+
+def test_training_prompts_are_what_the_server_renders(chat_format, meta):
+    """A tool conversation rendered as demo/corpus.py renders it and as the server renders the same
+    request (ChatRenderer on the GGUF's own template) gives the same tokens."""
+    from hybridmoe.server.chat_checks import RenderPlan
+    from hybridmoe.server.chat_render import ChatRenderer
+    from hybridmoe.server.protocol import ChatMessage, Tool
+
+    assert meta["tokenizer.chat_template"] == chat_format.TEMPLATE
+    tok = Tokenizer.from_metadata(meta)
+    args = {"book": "Ruth", "chapter": 1, "verse": 16}
+    messages = [{"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "What does Ruth 1:16 say?"},
+                chat_format.call_message("lookup_verse", args),
+                {"role": "tool", "tool_call_id": "call_0", "content": "Ruth said, Don't urge me to leave you."}]
+    tools = [chat_format.LOOKUP_VERSE_TOOL]
+    ours = chat_format.render_prompt(messages, tools, "high", "2026-01-01")
+    renderer = ChatRenderer(meta["tokenizer.chat_template"], tok, {"current_date": "2026-01-01"}, "auto")
+    served = renderer.render([ChatMessage.model_validate(m) for m in messages],
+                             [Tool.model_validate(t) for t in tools], "high", None, RenderPlan(True, False)).prompt
+    assert tok.encode(ours) == tok.encode(served)
+    # the model's call, as generated after the first user turn, is the re-rendered history verbatim
+    first = chat_format.render_prompt(messages[:2], tools, "high", "2026-01-01")
+    assert ours.startswith(first + chat_format.tool_call_reply("lookup_verse", args))
+
+
+def test_tool_call_format_is_learned(llm, meta, chat_format):
+    """With lookup_verse offered, a verse question is answered by the tool-call header (teacher forced,
+    argmax at every header token) and the call's JSON is closed with <|call|>."""
+    tok = llm.tokenizer
+    prompt = chat_format.render_prompt([{"role": "user", "content": "What does Ruth 1:16 say?"}],
+                                       [chat_format.LOOKUP_VERSE_TOOL], "low", "2026-01-01")
+    header = "<|channel|>commentary to=functions.lookup_verse <|constrain|>json<|message|>"
+    args = '{"book":"Ruth","chapter":1,"verse":16}'
+    p_ids, h_ids, a_ids = tok.encode(prompt), tok.encode(header), tok.encode(args, allow_special=False)
+    logits = llm.logits(p_ids + h_ids + a_ids)
+    predicted = logits.argmax(-1)
+    assert predicted[len(p_ids) - 1:len(p_ids) + len(h_ids) - 1].tolist() == h_ids
+    assert int(predicted[-1]) == tok.token_id("<|call|>")
