@@ -118,14 +118,15 @@ def tool_case(url: str, prompt: str, want: tuple[str, int, int], seed: int, max_
     out["call"] = f"{fn['name']}({fn['arguments']})"
     try:
         args = json.loads(fn["arguments"])
-        result = lookup_verse(**args) if isinstance(args, dict) else "Error: arguments must be an object."
-    except (json.JSONDecodeError, TypeError):
-        args, result = None, "Error: bad arguments."
+    except json.JSONDecodeError:
+        return out  # the server (rightly) refuses to take such a call back in the history
+    if not isinstance(args, dict) or set(args) != {"book", "chapter", "verse"}:
+        return out
+    result = lookup_verse(**args)
     out["well_formed"] = fn["name"] == "lookup_verse" and not result.startswith("Error")
-    if isinstance(args, dict):
-        book, chapter, verse = want
-        out["asked_verse"] = (canonical_book(str(args.get("book", ""))) == canonical_book(book)
-                              and args.get("chapter") == chapter and args.get("verse") == verse)
+    book, chapter, verse = want
+    out["asked_verse"] = (canonical_book(str(args["book"])) == canonical_book(book)
+                          and args["chapter"] == chapter and args["verse"] == verse)
     messages += [{"role": "assistant", "content": msg.get("content"), "tool_calls": calls},
                  {"role": "tool", "tool_call_id": calls[0].get("id", "call_0"), "content": result}]
     r2 = post(url, {**body, "messages": messages})

@@ -294,7 +294,7 @@ REASONING = [
 ]
 USER_INSTRUCTIONS = ["You are a helpful assistant.", "Answer briefly.", "You are a helpful assistant. Be concise.",
                      "Reply in plain English."]
-REASONING_P = {"low": 0.1, "medium": 0.4, "high": 0.85}  # share of answers with analysis, by effort
+REASONING_P = {"low": 0.0, "medium": 0.35, "high": 1.0}  # share of answers with analysis, by effort
 _HEADING = re.compile(r"^(?:Ver(?:se|s)?s?\.?\s*[\d\-–, ]*\.?|\d+[\d\-–,:. ]*|[IVXLC]+\.)\s*")
 _POS = re.compile(r"^(?:(?:n|v|adj|adv|pp|p|prep|conj|pron|interj|x|t|i)\.\s*)+")
 _STOP = set("about above after again against because before being below between could doing during every "
@@ -450,7 +450,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--chat-fraction", type=float, default=0.35, help="documents turned into chat examples")
-    ap.add_argument("--tool-examples", type=int, default=9000, help="verse-lookup conversations")
+    ap.add_argument("--text-fraction", type=float, default=0.5,
+                    help="share of the remaining (non-chat) documents kept as plain text")
+    ap.add_argument("--tool-examples", type=int, default=15000, help="verse-lookup conversations")
     ap.add_argument("--no-fetch", action="store_true", help="reuse demo/work/root")
     args = ap.parse_args()
     root = WORK / "root"
@@ -477,7 +479,7 @@ def main() -> None:
         chat_p = 0.7 if doc["src"] == "devil" else args.chat_fraction
         if rng.random() < chat_p:
             rows[split] += [{"src": doc["src"], "kind": "chat", "text": t} for t in chat_examples(doc, rng)]
-        else:
+        elif rng.random() < args.text_fraction or split == "val":
             rows[split].append({"src": doc["src"], "kind": "text", "text": doc["text"]})
     pool = [v for v in verses if (v[0], v[1], v[2]) not in HELDOUT_VERSES and len(v[3]) <= 300]
     for i in range(args.tool_examples):
