@@ -1,12 +1,17 @@
-"""Build the demo model's training corpus from Debian packages (stdlib only, plus apt-get/dpkg).
+"""Build the demo model's training corpus from Debian packages (apt-get/dpkg, the stdlib, and the
+project's own chat template renderer).
 
 Steps: `apt-get download` the packages named below, `dpkg -x` them under demo/work/root, extract
 clean prose (SWORD zText/zCom modules, Python reST sources, the dictd Devil's Dictionary), split it
-into documents, hold out every document whose stable hash falls in the validation bucket, and wrap
-part of the documents in the harmony chat format so that chat replies learn to end with <|return|>.
+into documents, hold out every document whose stable hash falls in the validation bucket, and turn
+part of the documents into harmony chat conversations rendered exactly as `hybridmoe serve` renders
+them (demo/chat_format.py): whole answers of 1-3 sentences, analysis-channel reasoning before some of
+them (by reasoning effort), and verse-lookup conversations that call the demo tool `lookup_verse`
+(call, tool output, final answer quoting it). The WEB verse table the tool reads is written to
+demo/web_verses.tsv.xz.
 
-Output: demo/work/corpus/{train,val}.jsonl, one {"src", "kind": "text"|"chat", "text"} per line.
-Run: python demo/corpus.py   (about a minute; deterministic for a given --seed)
+Output: demo/work/corpus/{train,val}.jsonl, one {"src", "kind": "text"|"chat"|"tool"|"drill", "text"} per line.
+Run: python demo/corpus.py   (about 20 s; deterministic for a given --seed)
 """
 from __future__ import annotations
 
@@ -294,7 +299,7 @@ REASONING = [
 ]
 USER_INSTRUCTIONS = ["You are a helpful assistant.", "Answer briefly.", "You are a helpful assistant. Be concise.",
                      "Reply in plain English."]
-REASONING_P = {"low": 0.0, "medium": 0.35, "high": 1.0}  # share of answers with analysis, by effort
+REASONING_P = {"low": 0.0, "medium": 0.9, "high": 1.0}  # share of answers with analysis, by effort
 _HEADING = re.compile(r"^(?:Ver(?:se|s)?s?\.?\s*[\d\-–, ]*\.?|\d+[\d\-–,:. ]*|[IVXLC]+\.)\s*")
 _POS = re.compile(r"^(?:(?:n|v|adj|adv|pp|p|prep|conj|pron|interj|x|t|i)\.\s*)+")
 _STOP = set("about above after again against because before being below between could doing during every "
@@ -328,7 +333,7 @@ def keyword(answer: str, rng: random.Random) -> str | None:
 
 def settings(rng: random.Random) -> tuple[str, str]:
     date = f"{rng.randint(2024, 2027)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
-    return rng.choice(["low", "medium", "medium", "high"]), date
+    return rng.choice(["low", "low", "medium", "medium", "medium", "medium", "medium", "high", "high", "high"]), date
 
 
 def reasoning_text(src: str, user: str, topic: str, answer: str, rng: random.Random) -> str:
@@ -438,6 +443,25 @@ def tool_example(book: str, chapter: int, verse: int, text: str, rng: random.Ran
     return full + final_reply(answer)
 
 
+def drill_document(verses: list[tuple[str, int, int, str]], rng: random.Random) -> str:
+    """Copy drills: the two copies a verse lookup needs (reference -> JSON arguments, tool output ->
+    quoted answer), several per document and without the system/developer preamble, so that the
+    model sees many copy events per window; the full conversations above teach the real prompt."""
+    parts = []
+    for _ in range(rng.randint(6, 10)):
+        book, chapter, verse, text = rng.choice(verses)
+        ref = reference(book, chapter, verse, rng)
+        args = {"book": book, "chapter": chapter, "verse": verse}
+        user = rng.choice(VERSE_QUESTIONS).format(r=ref)
+        part = f"<|start|>user<|message|>{user}<|end|><|start|>assistant" + tool_call_reply("lookup_verse", args)
+        if rng.random() < 0.4:
+            answer = rng.choice(VERSE_ANSWERS).format(r=f"{book} {chapter}:{verse}", t=text)
+            part += (f"<|start|>functions.lookup_verse to=assistant<|channel|>commentary<|message|>{text}<|end|>"
+                     f"<|start|>assistant" + final_reply(answer))
+        parts.append(part)
+    return "".join(parts)
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -452,7 +476,8 @@ def main() -> None:
     ap.add_argument("--chat-fraction", type=float, default=0.35, help="documents turned into chat examples")
     ap.add_argument("--text-fraction", type=float, default=0.5,
                     help="share of the remaining (non-chat) documents kept as plain text")
-    ap.add_argument("--tool-examples", type=int, default=15000, help="verse-lookup conversations")
+    ap.add_argument("--tool-examples", type=int, default=10000, help="verse-lookup conversations")
+    ap.add_argument("--drill-docs", type=int, default=3000, help="documents of verse-lookup copy drills")
     ap.add_argument("--no-fetch", action="store_true", help="reuse demo/work/root")
     args = ap.parse_args()
     root = WORK / "root"
@@ -486,6 +511,9 @@ def main() -> None:
         v = rng.choice(pool)
         split = "val" if i % VAL_BUCKETS == 0 else "train"
         rows[split].append({"src": "web", "kind": "tool", "text": tool_example(*v, rng)})
+    for i in range(args.drill_docs):
+        split = "val" if i % VAL_BUCKETS == 0 else "train"
+        rows[split].append({"src": "web", "kind": "drill", "text": drill_document(pool, rng)})
     for split, items in rows.items():
         rng.shuffle(items)  # tool conversations spread through the stream, not in one block
         with open(outdir / f"{split}.jsonl", "w") as f:

@@ -9,7 +9,11 @@ The learning rate follows a *time-based* schedule (linear warm-up, then cosine t
 written to demo/work/ckpt.pt every --ckpt-minutes and at the end; --resume continues one. Progress
 goes to demo/work/train_log.jsonl; the final model is saved with save_pretrained to demo/work/final/.
 
-Run:  OMP_NUM_THREADS=2 nohup nice -n 19 python demo/train.py --minutes 60 &
+--init-gguf warm-starts from a demo GGUF (weights dequantized, tokenizer rebuilt with identical ids;
+demo/from_gguf.py) instead of random weights and demo/tokenizer.py's BPE.
+
+Run:  OMP_NUM_THREADS=2 nohup python demo/train.py --init-gguf src/hybridmoe/data/demo.gguf --lr 1e-3 &
+      OMP_NUM_THREADS=2 nohup python demo/train.py --minutes 60 &     # from scratch (after tokenizer.py)
       python demo/train.py --bench 60      # measure tokens/s only
 """
 from __future__ import annotations
