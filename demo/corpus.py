@@ -473,11 +473,11 @@ def is_val(doc: dict, index: int) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--chat-fraction", type=float, default=0.35, help="documents turned into chat examples")
-    ap.add_argument("--text-fraction", type=float, default=0.5,
+    ap.add_argument("--chat-fraction", type=float, default=0.3, help="documents turned into chat examples")
+    ap.add_argument("--text-fraction", type=float, default=0.3,
                     help="share of the remaining (non-chat) documents kept as plain text")
-    ap.add_argument("--tool-examples", type=int, default=10000, help="verse-lookup conversations")
-    ap.add_argument("--drill-docs", type=int, default=3000, help="documents of verse-lookup copy drills")
+    ap.add_argument("--tool-examples", type=int, default=8000, help="verse-lookup conversations")
+    ap.add_argument("--drill-docs", type=int, default=9000, help="documents of verse-lookup copy drills")
     ap.add_argument("--no-fetch", action="store_true", help="reuse demo/work/root")
     args = ap.parse_args()
     root = WORK / "root"
