@@ -176,7 +176,8 @@ def test_chat_format_is_learned(llm, meta):
     probs = np.exp(last - last.max())
     probs /= probs.sum()
     ret, end = tok.token_id("<|return|>"), tok.token_id("<|end|>")
-    assert probs[ret] > 0.2 and probs[ret] > 10 * probs[end], (probs[ret], probs[end])
+    # v2 answers run 1-3 sentences, so after one sentence going on is likely too; never with <|end|>
+    assert probs[ret] > 0.1 and probs[ret] > 10 * probs[end], (probs[ret], probs[end])
 
 
 # ---------------------------------------------------------------- training format == serving format
@@ -219,15 +220,23 @@ def test_training_prompts_are_what_the_server_renders(chat_format, meta):
 
 
 def test_tool_call_format_is_learned(llm, meta, chat_format):
-    """With lookup_verse offered, a verse question is answered by the tool-call header (teacher forced,
-    argmax at every header token) and the call's JSON is closed with <|call|>."""
+    """With lookup_verse offered, a verse question is not answered directly (the final channel is
+    unlikely; the model reasons first or calls at once), the commentary channel continues as the
+    tool-call header (teacher forced, argmax at every header token) and the call's JSON is closed
+    with <|call|>."""
     tok = llm.tokenizer
     prompt = chat_format.render_prompt([{"role": "user", "content": "What does Ruth 1:16 say?"}],
                                        [chat_format.LOOKUP_VERSE_TOOL], "low", "2026-01-01")
+    p_ids = tok.encode(prompt)
+    first = llm.logits(p_ids + [tok.token_id("<|channel|>")])[-1].astype(np.float64)
+    probs = np.exp(first - first.max())
+    probs /= probs.sum()
+    assert probs[tok.encode("final", allow_special=False)[0]] < 0.05
     header = "<|channel|>commentary to=functions.lookup_verse <|constrain|>json<|message|>"
+    h_ids = tok.encode(header)
+    forced = next(k for k in range(1, len(h_ids)) if tok.decode(h_ids[:k]).endswith("commentary"))
     args = '{"book":"Ruth","chapter":1,"verse":16}'
-    p_ids, h_ids, a_ids = tok.encode(prompt), tok.encode(header), tok.encode(args, allow_special=False)
-    logits = llm.logits(p_ids + h_ids + a_ids)
-    predicted = logits.argmax(-1)
-    assert predicted[len(p_ids) - 1:len(p_ids) + len(h_ids) - 1].tolist() == h_ids
+    a_ids = tok.encode(args, allow_special=False)
+    predicted = llm.logits(p_ids + h_ids + a_ids).argmax(-1)
+    assert predicted[len(p_ids) + forced - 1:len(p_ids) + len(h_ids) - 1].tolist() == h_ids[forced:]
     assert int(predicted[-1]) == tok.token_id("<|call|>")
