@@ -21,7 +21,7 @@ def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
                   date: str) -> str:
     """The prompt the server builds for this request, ending with the generation header."""
     return render_chat(TEMPLATE, messages, tools=tools, add_generation_prompt=True,
-                       reasoning_effort=effort, current_date=date)
+                       extra_vars={"reasoning_effort": effort, "current_date": date})
 
 
 def final_reply(answer: str, reasoning: str = "") -> str:
