@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from tokenizers import AddedToken, Tokenizer, models
 
+from hybridmoe.convert import gguf_to_hf_state
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.gguf.reader import ModelFile, open_model
 from hybridmoe.quant.formats import dequantize
@@ -33,29 +34,7 @@ def hf_state_from_gguf(path: Path, n_layers: int) -> dict[str, torch.Tensor]:
         def t(name: str) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(_tensor(m, name)))
 
-        sd = {"model.embed_tokens.weight": t("token_embd.weight"), "model.norm.weight": t("output_norm.weight"),
-              "lm_head.weight": t("output.weight")}
-        for i in range(n_layers):
-            p, b = f"model.layers.{i}.", f"blk.{i}."
-            sd[p + "input_layernorm.weight"] = t(b + "attn_norm.weight")
-            for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
-                sd[p + f"self_attn.{hf}.weight"] = t(b + gg + ".weight")
-                sd[p + f"self_attn.{hf}.bias"] = t(b + gg + ".bias")
-            sd[p + "self_attn.sinks"] = t(b + "attn_sinks.weight")
-            sd[p + "post_attention_layernorm.weight"] = t(b + "post_attention_norm.weight")
-            sd[p + "mlp.router.weight"] = t(b + "ffn_gate_inp.weight")
-            sd[p + "mlp.router.bias"] = t(b + "ffn_gate_inp.bias")
-            gate, up = t(b + "ffn_gate_exps.weight"), t(b + "ffn_up_exps.weight")  # [E, I, H]
-            e, inter, hidden = gate.shape
-            gu = torch.empty(e, hidden, 2 * inter)
-            gu[:, :, 0::2], gu[:, :, 1::2] = gate.transpose(1, 2), up.transpose(1, 2)
-            sd[p + "mlp.experts.gate_up_proj"] = gu
-            gub = torch.empty(e, 2 * inter)
-            gub[:, 0::2], gub[:, 1::2] = t(b + "ffn_gate_exps.bias"), t(b + "ffn_up_exps.bias")
-            sd[p + "mlp.experts.gate_up_proj_bias"] = gub
-            sd[p + "mlp.experts.down_proj"] = t(b + "ffn_down_exps.weight").transpose(1, 2).contiguous()  # [E, I, H]
-            sd[p + "mlp.experts.down_proj_bias"] = t(b + "ffn_down_exps.bias")
-    return sd
+        return gguf_to_hf_state(t, n_layers)
 
 
 def tokenizer_from_gguf(path: Path) -> Tokenizer:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from hybridmoe.convert import gguf_to_hf_state
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.quant.formats import dequantize
 from hybridmoe.settings import ComputeSettings
@@ -67,25 +68,7 @@ def hf_from_gguf(path: Path):
         tie_word_embeddings=False,
     )
     t = lambda name: _tensor(mf, name)  # noqa: E731
-    sd = {"model.embed_tokens.weight": t("token_embd.weight"), "model.norm.weight": t("output_norm.weight"),
-          "lm_head.weight": t("output.weight")}
-    for i in range(n_layers):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
-        sd[p + "input_layernorm.weight"] = t(b + "attn_norm.weight")
-        sd[p + "post_attention_layernorm.weight"] = t(b + "post_attention_norm.weight")
-        for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
-            sd[p + f"self_attn.{hf}.weight"] = t(b + gg + ".weight")
-            sd[p + f"self_attn.{hf}.bias"] = t(b + gg + ".bias")
-        sd[p + "self_attn.sinks"] = t(b + "attn_sinks.weight")
-        sd[p + "mlp.router.weight"] = t(b + "ffn_gate_inp.weight")
-        sd[p + "mlp.router.bias"] = t(b + "ffn_gate_inp.bias")
-        gate, up = t(b + "ffn_gate_exps.weight"), t(b + "ffn_up_exps.weight")  # [E, I, H]
-        gu = torch.stack([gate, up], dim=2).flatten(1, 2)  # [E, 2I, H], rows gate0, up0, gate1, ...
-        sd[p + "mlp.experts.gate_up_proj"] = gu.transpose(1, 2).contiguous()  # HF [E, H, 2I]
-        sd[p + "mlp.experts.gate_up_proj_bias"] = torch.stack(
-            [t(b + "ffn_gate_exps.bias"), t(b + "ffn_up_exps.bias")], dim=-1).flatten(1)
-        sd[p + "mlp.experts.down_proj"] = t(b + "ffn_down_exps.weight").transpose(1, 2).contiguous()  # [E, I, H]
-        sd[p + "mlp.experts.down_proj_bias"] = t(b + "ffn_down_exps.bias")
+    sd = gguf_to_hf_state(t, n_layers)
     model = GptOssForCausalLM._from_config(cfg, attn_implementation="eager")
     model.load_state_dict(sd, strict=True)
     return model.eval()

@@ -7,7 +7,8 @@ stores them as two tensors of rows [E, I, H] with MXFP4 blocks running along the
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -98,6 +99,10 @@ def gpt_oss_metadata(hf_config: Any, tokenizer_meta: Mapping[str, Any], name: st
     return meta
 
 
+# HF attention projection names and their GGUF (llama.cpp) names.
+ATTN_PROJ_NAMES = (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output"))
+
+
 def hf_to_gguf_tensors(
     state: Mapping[str, torch.Tensor],
     n_layers: int,
@@ -118,7 +123,7 @@ def hf_to_gguf_tensors(
     for i in range(n_layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         add(b + "attn_norm.weight", _np(state[p + "input_layernorm.weight"]))
-        for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+        for hf, gg in ATTN_PROJ_NAMES:
             add(b + gg + ".weight", _np(state[p + f"self_attn.{hf}.weight"]), dense_type)
             add(b + gg + ".bias", _np(state[p + f"self_attn.{hf}.bias"]))
         add(b + "attn_sinks.weight", _np(state[p + "self_attn.sinks"]))
@@ -137,3 +142,29 @@ def hf_to_gguf_tensors(
     add("output_norm.weight", _np(state["model.norm.weight"]))
     add("output.weight", _np(state["lm_head.weight"]), dense_type)
     return specs
+
+
+def gguf_to_hf_state(tensor: Callable[[str], torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """The inverse of hf_to_gguf_tensors: GGUF tensors (dequantized, in GGUF's [rows, cols] order, by
+    name) -> a GptOssForCausalLM state_dict (gate/up re-interleaved, experts [E, H, 2I])."""
+    t = tensor
+    sd = {"model.embed_tokens.weight": t("token_embd.weight"), "model.norm.weight": t("output_norm.weight"),
+          "lm_head.weight": t("output.weight")}
+    for i in range(n_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        sd[p + "input_layernorm.weight"] = t(b + "attn_norm.weight")
+        sd[p + "post_attention_layernorm.weight"] = t(b + "post_attention_norm.weight")
+        for hf, gg in ATTN_PROJ_NAMES:
+            sd[p + f"self_attn.{hf}.weight"] = t(b + gg + ".weight")
+            sd[p + f"self_attn.{hf}.bias"] = t(b + gg + ".bias")
+        sd[p + "self_attn.sinks"] = t(b + "attn_sinks.weight")
+        sd[p + "mlp.router.weight"] = t(b + "ffn_gate_inp.weight")
+        sd[p + "mlp.router.bias"] = t(b + "ffn_gate_inp.bias")
+        gate, up = t(b + "ffn_gate_exps.weight"), t(b + "ffn_up_exps.weight")  # [E, I, H]
+        gu = torch.stack([gate, up], dim=2).flatten(1, 2)  # [E, 2I, H], rows gate0, up0, gate1, ...
+        sd[p + "mlp.experts.gate_up_proj"] = gu.transpose(1, 2).contiguous()  # HF [E, H, 2I]
+        sd[p + "mlp.experts.gate_up_proj_bias"] = torch.stack(
+            [t(b + "ffn_gate_exps.bias"), t(b + "ffn_up_exps.bias")], dim=-1).flatten(1)
+        sd[p + "mlp.experts.down_proj"] = t(b + "ffn_down_exps.weight").transpose(1, 2).contiguous()  # [E, I, H]
+        sd[p + "mlp.experts.down_proj_bias"] = t(b + "ffn_down_exps.bias")
+    return sd
