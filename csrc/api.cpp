@@ -38,9 +38,17 @@ std::atomic<int> g_gemv_max_tokens{16};
 //   kActI16:  the GEMV path (few tokens per expert / dense call) multiplies two-term int16
 //             activations (quantize_x_q16: fp32-like error, integer products); the tile path
 //             stays fp32. Opt-in until it is faster than the fp32 GEMV (docs/DESIGN.md);
-//   kActI8:   fast math: int8 activations on the GEMV and the tile path (~1e-2 relative error).
-constexpr int kActF32 = 0, kActI16 = 1, kActI8 = 2;
-bool act_ok(int act) { return act == kActF32 || act == kActI16 || act == kActI8; }
+//   kActI8:   fast math: int8 activations on the GEMV and the tile path (~1e-2 relative error);
+//   kActI8x3: the MXFP4 GEMV path multiplies three-digit int8 activations (quantize_x_d3: ~2^-22 of
+//             the block max, fp32-like; vpdpbusd) where the ISA has that GEMV (AVX-512 VNNI + VBMI);
+//             Q8_0, the tile path and other ISAs stay fp32.
+constexpr int kActF32 = 0, kActI16 = 1, kActI8 = 2, kActI8x3 = 3;
+bool act_ok(int act) { return act == kActF32 || act == kActI16 || act == kActI8 || act == kActI8x3; }
+
+// The three-digit GEMV runs for MXFP4 weights on a set that has one.
+bool d3_gemv_for(const KernelSet* ks, int fmt) {
+    return fmt == kMXFP4 && ks->gemv_d3 && (ks != &kAvx512Kernels || avx512_has_d3());
+}
 
 bool cpu_has_f16c() {
     unsigned a, b, c, d;
@@ -109,6 +117,7 @@ Scratch<float> g_xp, g_xg, g_act, g_actp, g_ys, g_xd, g_ad;
 Scratch<int8_t> g_xq, g_aq;  // fast mode: quantized activations (tokens, then act rows)
 Scratch<int16_t> g_x16, g_a16;  // default GEMV path: int16 activations (tokens, then act rows)
 Scratch<float> g_xd16, g_ad16;
+Scratch<uint8_t> g_x3, g_a3;  // three-digit activations (tokens, then act rows)
 thread_local Scratch<float> t_tile, t_buf0, t_buf1;
 
 template <class T, class A>
@@ -133,6 +142,14 @@ void quantize_rows16(const float* const* x, int64_t M, int64_t K, int16_t* q, fl
         xq[m] = q + m * q16x_elems(K);
         xd[m] = d + m * q16x_scales(K);
         g_ks->quantize_q16(x[m], K, q + m * q16x_elems(K), d + m * q16x_scales(K));
+    }
+}
+
+// Three-digit GEMV path: M rows -> quantize_x_d3 rows in q, xq[m] pointing at them (serial: few tokens).
+void quantize_rows_d3(const float* const* x, int64_t M, int64_t K, uint8_t* q, const uint8_t** xq) {
+    for (int64_t m = 0; m < M; ++m) {
+        xq[m] = q + m * d3x_bytes(K);
+        g_ks->quantize_d3(x[m], K, q + m * d3x_bytes(K));
     }
 }
 
@@ -162,7 +179,8 @@ void quantize_rows(const float* const* x, int64_t M, int64_t K, int8_t* q, float
 void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
                 int64_t n_rows, int64_t K, const float* A, int64_t M, float* out,
                 const int8_t* const* xq = nullptr, const float* const* xd = nullptr,
-                const int16_t* const* x16 = nullptr, const float* const* d16 = nullptr) {
+                const int16_t* const* x16 = nullptr, const float* const* d16 = nullptr,
+                const uint8_t* const* x3 = nullptr) {
     // Even passes (12 tokens: 6 + 6, not 8 + 4): a 1..3-token pass runs at half the FLOP rate.
     const int64_t passes = (M + kMaxGemvTokens - 1) / kMaxGemvTokens, per_pass = (M + passes - 1) / passes;
     if (xq && tile_path) {
@@ -173,6 +191,13 @@ void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, 
         for (int64_t a0 = 0; a0 < M; a0 += per_pass) {
             const int nt = int(std::min<int64_t>(per_pass, M - a0));
             ks->gemv_q8(fmt, w, row_bytes, n_rows, K, xq + a0, xd + a0, nt, out + a0 * n_rows, n_rows);
+        }
+        return;
+    }
+    if (x3 && !tile_path) {
+        for (int64_t a0 = 0; a0 < M; a0 += per_pass) {
+            const int nt = int(std::min<int64_t>(per_pass, M - a0));
+            ks->gemv_d3(w, row_bytes, n_rows, K, x3 + a0, nt, out + a0 * n_rows, n_rows);
         }
         return;
     }
@@ -221,6 +246,7 @@ struct LinearCtx {
     std::vector<const float*> xd;
     std::vector<const int16_t*> x16;  // default GEMV path: int16 rows (else empty)
     std::vector<const float*> d16;
+    std::vector<const uint8_t*> x3;  // three-digit GEMV path: quantized rows (else empty)
     int64_t T, K;
     LinearMat mats[kMaxLinearMats];
     int n_mats;
@@ -238,7 +264,8 @@ void linear_job(void* p, int) {
         float* buf = grow(t_buf0, size_t(c.T * nr));
         rows_times(c.ks, c.fmt, c.tile_path, a.w + r0 * a.row_stride, a.row_stride, nr, c.K, c.x, c.T, buf,
                    c.xq.empty() ? nullptr : c.xq.data(), c.xd.empty() ? nullptr : c.xd.data(),
-                   c.x16.empty() ? nullptr : c.x16.data(), c.d16.empty() ? nullptr : c.d16.data());
+                   c.x16.empty() ? nullptr : c.x16.data(), c.d16.empty() ? nullptr : c.d16.data(),
+                   c.x3.empty() ? nullptr : c.x3.data());
         for (int64_t t = 0; t < c.T; ++t)
             for (int64_t r = 0; r < nr; ++r)
                 a.out[t * a.ldo + r0 + r] = buf[t * nr + r] + (a.bias ? a.bias[r0 + r] : 0.f);
@@ -267,6 +294,8 @@ struct MoeCtx {
     std::vector<int64_t> asg_pos;  // [T*k]: sorted position of routing entry (t, j)
     bool fast = false;  // int8 activations for every slot (GEMV and tile)
     bool act16 = false;  // int16 activations for the GEMV slots (the tile slots stay fp32)
+    bool d3 = false;  // three-digit activations for the GEMV slots (the tile slots stay fp32)
+    std::vector<const uint8_t*> asg_x3, asg_a3;  // d3: per sorted assignment (GEMV slots only)
     std::vector<const int16_t*> asg_x16, asg_a16;  // act16: per sorted assignment (GEMV slots only)
     std::vector<const float*> asg_xd16, asg_ad16;
     std::vector<const int8_t*> asg_xq, asg_aq;  // fast: per sorted assignment, its token's / act's row
@@ -290,10 +319,11 @@ void moe_gate_up_job(void* p, int) {
         const bool q16 = c.act16 && !s.tile_path;
         const int16_t* const* x16 = q16 ? c.asg_x16.data() + s.first : nullptr;
         const float* const* d16 = q16 ? c.asg_xd16.data() + s.first : nullptr;
+        const uint8_t* const* x3 = c.d3 && !s.tile_path ? c.asg_x3.data() + s.first : nullptr;
         rows_times(c.ks, c.fmt, s.tile_path, c.gate + s.expert * c.gate_es + r0 * rb, rb, nr, c.H, A, s.count, g,
-                   xq, xd, x16, d16);
+                   xq, xd, x16, d16, x3);
         rows_times(c.ks, c.fmt, s.tile_path, c.up + s.expert * c.up_es + r0 * rb, rb, nr, c.H, A, s.count, v,
-                   xq, xd, x16, d16);
+                   xq, xd, x16, d16, x3);
         const float* gb = c.gb ? c.gb + s.expert * c.I + r0 : nullptr;
         const float* ub = c.ub ? c.ub + s.expert * c.I + r0 : nullptr;
         c.ks->swiglu(g, v, s.count, nr, gb, ub, c.alpha, c.limit, c.act + s.first * c.I + r0, c.I);
@@ -313,7 +343,8 @@ void moe_down_job(void* p, int) {
         rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I,
                    c.actp + s.actp_off, s.count, y, c.fast ? c.asg_aq.data() + s.first : nullptr,
                    c.fast ? c.asg_ad.data() + s.first : nullptr, q16 ? c.asg_a16.data() + s.first : nullptr,
-                   q16 ? c.asg_ad16.data() + s.first : nullptr);
+                   q16 ? c.asg_ad16.data() + s.first : nullptr,
+                   c.d3 && !s.tile_path ? c.asg_a3.data() + s.first : nullptr);
         const float* db = c.db ? c.db + s.expert * c.H + r0 : nullptr;
         for (int64_t a = 0; a < s.count; ++a) {
             float* dst = c.ys + (s.first + a) * c.H + r0;
@@ -344,7 +375,7 @@ void moe_combine_job(void* p, int) {
 
 using namespace hm;
 
-HM_API int hm_abi_version() { return 6; }
+HM_API int hm_abi_version() { return 7; }
 
 HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
 
@@ -412,6 +443,12 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
         quantize_rows(rows.data(), T, K, grow(g_xq, size_t(T * q8x_bytes(K))), grow(g_xd, size_t(T * q8x_scales(K))),
                       c.xq.data(), c.xd.data());
         c.x = nullptr;
+    } else if (!c.tile_path && act == kActI8x3 && d3_gemv_for(c.ks, fmt)) {
+        std::vector<const float*> rows(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
+        c.x3.resize(size_t(T));
+        quantize_rows_d3(rows.data(), T, K, grow(g_x3, size_t(T * d3x_bytes(K))), c.x3.data());
+        c.x = nullptr;
     } else if (!c.tile_path && act == kActI16) {
         std::vector<const float*> rows(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
@@ -450,7 +487,7 @@ HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_
 
 // gpt-oss MoE layer: out[T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]). Gate/up tensors are
 // [E, I, H/32 blocks] and down [E, H, I/32 blocks], rows contiguous, experts *_es bytes apart.
-// act: kActF32 / kActI16 / kActI8 (see above).
+// act: kActF32 / kActI16 / kActI8 / kActI8x3 (see above).
 HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* ids, const float* wts,
                           int64_t k, int64_t E, int64_t I, int fmt, const uint8_t* gate, int64_t gate_es,
                           const uint8_t* up, int64_t up_es, const uint8_t* down, int64_t down_es,
@@ -470,6 +507,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     c.alpha = alpha; c.limit = limit; c.out = out;
     c.fast = act == kActI8;
     c.act16 = act == kActI16;
+    c.d3 = act == kActI8x3 && d3_gemv_for(g_ks, fmt);
 
     // Group the T*k assignments by expert (counting sort, stable in token order).
     const int64_t gemv_max = g_gemv_max_tokens.load();
@@ -498,7 +536,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     for (Slot& s : c.slots) {
         s.xg_off = xg_size;
         s.actp_off = actp_size;
-        const bool fp32_rows = !c.fast && (s.tile_path || !c.act16);
+        const bool fp32_rows = !c.fast && (s.tile_path || !(c.act16 || c.d3));
         xg_size += !fp32_rows ? 0 : s.tile_path ? packed_floats(s.count, H) : s.count * H;
         actp_size += !fp32_rows ? 0 : s.tile_path ? packed_floats(s.count, I) : s.count * I;
     }
@@ -520,6 +558,19 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
             }
             c.asg_a16.assign(size_t(n_asg), nullptr);
             c.asg_ad16.assign(size_t(n_asg), nullptr);
+        }
+    }
+    if (c.d3) {  // as act16: each token quantized once for the GEMV-slot assignments
+        bool any = false;
+        for (const Slot& s : c.slots) any = any || !s.tile_path;
+        if (any) {
+            std::vector<const float*> tok(static_cast<size_t>(T));
+            for (int64_t t = 0; t < T; ++t) tok[size_t(t)] = x + t * H;
+            std::vector<const uint8_t*> tq(static_cast<size_t>(T));
+            quantize_rows_d3(tok.data(), T, H, grow(g_x3, size_t(T * d3x_bytes(H))), tq.data());
+            c.asg_x3.resize(size_t(n_asg));
+            for (int64_t a = 0; a < n_asg; ++a) c.asg_x3[size_t(a)] = tq[size_t(c.asg_token[size_t(a)])];
+            c.asg_a3.assign(size_t(n_asg), nullptr);
         }
     }
     if (c.fast) {
@@ -545,7 +596,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     std::vector<const float*> rows;
     for (const Slot& s : c.slots) {
         if (c.fast) break;  // fast mode reads the quantized token rows instead
-        if (c.act16 && !s.tile_path) continue;  // reads the int16 token rows
+        if ((c.act16 || c.d3) && !s.tile_path) continue;  // reads the int16 / three-digit token rows
         rows.clear();
         for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(x + int64_t(c.asg_token[size_t(a)]) * H);
         if (s.tile_path) c.ks->pack_a(rows.data(), s.count, H, c.xg + s.xg_off);
@@ -565,6 +616,9 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
             quantize_rows(rows.data(), s.count, I, grow(g_aq, size_t(n_asg * q8x_bytes(I))) + s.first * q8x_bytes(I),
                           grow(g_ad, size_t(n_asg * q8x_scales(I))) + s.first * q8x_scales(I),
                           c.asg_aq.data() + s.first, c.asg_ad.data() + s.first);
+        else if (c.d3 && !s.tile_path)
+            quantize_rows_d3(rows.data(), s.count, I, grow(g_a3, size_t(n_asg * d3x_bytes(I))) + s.first * d3x_bytes(I),
+                             c.asg_a3.data() + s.first);
         else if (c.act16 && !s.tile_path)
             quantize_rows16(rows.data(), s.count, I, grow(g_a16, size_t(n_asg * q16x_elems(I))) + s.first * q16x_elems(I),
                             grow(g_ad16, size_t(n_asg * q16x_scales(I))) + s.first * q16x_scales(I),
@@ -733,6 +787,18 @@ HM_API int64_t hm_quantize_q16(const float* x, int64_t K, int16_t* q, float* d) 
     hm::g_ks->quantize_q16(x, K, q, d);
     return hm::q16x_elems(K);
 }
+
+// Three-digit quantizer on one row, for tests: q gets d3x_bytes(K) bytes (layout in common.h).
+// Returns that byte count.
+HM_API int64_t hm_quantize_d3(const float* x, int64_t K, uint8_t* q) {
+    if (K <= 0 || K % hm::kBlockElems != 0) return hm::kErrBadArg;
+    std::lock_guard<std::mutex> lock(hm::g_call_mu);
+    hm::g_ks->quantize_d3(x, K, q);
+    return hm::d3x_bytes(K);
+}
+
+// Whether act=kActI8x3 uses the three-digit GEMV for MXFP4 on the current ISA (else it is fp32).
+HM_API int hm_d3_active() { return hm::d3_gemv_for(hm::g_ks, hm::kMXFP4) ? 1 : 0; }
 
 // gpt-oss's clamped SwiGLU over rows x n (the MoE's activation step), for tests; see KernelSet::swiglu.
 HM_API int hm_swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float* gb, const float* ub,

@@ -3,7 +3,12 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <climits>
 #include <cstring>
+
+// On a GEMV's per-block step (a lambda or helper): GCC's unit-growth limits otherwise decide
+// per file whether it is inlined, and out of line its vector accumulators go through memory.
+#define HM_ALWAYS_INLINE __attribute__((always_inline))
 
 namespace hm {
 
@@ -103,6 +108,15 @@ struct KernelSet {
     // stated tolerance, not bits).
     void (*gemv_q16)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
                      const int16_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
+    // Three-digit activations: one activation row x [K] -> q (d3x_bytes(K)) exactly as
+    // quantize_x_d3 (below) writes it (bit-identical on every ISA).
+    void (*quantize_d3)(const float* x, int64_t K, uint8_t* q);
+    // Like gemv, MXFP4 only, with x_t given as quantize_x_d3's output xq[t]: per quad lane the exact
+    // int32 F (see quantize_x_d3), acc[t][q % 2][lane] += F * 2^(e_w - 128 + kx) (exact product,
+    // one rounding), out = the fixed 16-lane sum of acc[t][0] + acc[t][1], plus the row's poison.
+    // Null where the ISA has none (the caller then uses the fp32 GEMV).
+    void (*gemv_d3)(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const uint8_t* const* xq,
+                    int nt, float* out, int64_t ldo);
 };
 
 constexpr int kQgemmMaxTokens = 16;  // qgemm's token groups are decoded once per pair of 8
@@ -262,6 +276,109 @@ inline void quantize_x_q16(const float* x, int64_t K, int16_t* q, float* d) {
     }
 }
 
+// Three-digit activations (Activations.INT8X3): per 32-block a power-of-two scale 2^kx with
+// max|x| < 2^(kx + 22), xi = rne(x / 2^kx) (|xi| <= 2^22: the scaling is exact, so xi carries 22-23
+// bits of the block max, as fp32 does), split into balanced signed bytes xi = h 2^16 + m 2^8 + l
+// (l, m in [-128, 127], |h| <= 64). The MXFP4 GEMV multiplies LUT2 + 12 (unsigned 0..24) with each
+// digit (vpdpbusd: exact int32, no saturation), combines the digits in int32 (Horner: shifts by 8),
+// subtracts 12 * (the lane's sum of xi) stored here, converts once and applies 2^(e_w - 128 + kx)
+// with one FMA. Layout per row: a 64-byte head, then per quad of blocks (4q..4q+3) 512 bytes:
+//   [pair A = blocks 4q, 4q+1: h, m, l, 64 bytes each][pair B = 4q+2, 4q+3: h, m, l],
+//   each 64-byte digit run in quantize_x_q8's pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31];
+//   int32 corr[16], int32 kxm1[16]: lane L belongs to block 4q + L/4 and covers its elements
+//   {4i..4i+3} and {16+4i..16+4i+3}, i = L % 4 (the two vpdpbusd lanes i and i+8 of that pair);
+//   corr = 12 * sum of those 8 xi, kxm1 = kx - 1 (so the scale's float bits are (e_w + kxm1) << 23).
+// Zero blocks (max|x| < kQ8TinyAmax), non-finite blocks and the missing blocks of a last quad have
+// zero digits and kxm1 = kx_min - 1 (a scale the range below keeps finite). Head: int32 e_lo, e_hi,
+// float poison: the fast scale is exact when every weight exponent e_w lies in [e_lo, e_hi]
+// (e_lo = 2 - kx_min, e_hi = 226 - kx_max: the scale is a normal float and F * scale < 2^127),
+// else the row is recomputed with ldexp (exact for any e_w); poison is NaN when x holds a NaN or
+// an inf (every output of the row then is NaN), else 0.
+constexpr int kD3HeadBytes = 64, kD3QuadBytes = 512;
+inline int64_t d3x_quads(int64_t K) { return (K / kBlockElems + 3) / 4; }
+inline int64_t d3x_bytes(int64_t K) { return kD3HeadBytes + d3x_quads(K) * kD3QuadBytes; }
+// Byte offset of the top digit of element j of block b (middle digit: +64, low digit: +128).
+inline int64_t d3x_elem(int64_t b, int j) {
+    return kD3HeadBytes + (b / 4) * kD3QuadBytes + ((b / 2) % 2) * 192 + (b % 2) * 16 + (j < 16 ? j : j + 16);
+}
+struct D3Head {
+    int32_t e_lo, e_hi;
+    float poison;
+};
+inline D3Head d3x_head(const uint8_t* q) {
+    D3Head h;
+    std::memcpy(&h, q, sizeof(h));
+    return h;
+}
+inline int32_t d3x_lane(const uint8_t* q, int64_t quad, int field, int lane) {  // field 0: corr, 1: kxm1
+    int32_t v;
+    std::memcpy(&v, q + kD3HeadBytes + quad * kD3QuadBytes + 384 + field * 64 + lane * 4, sizeof(v));
+    return v;
+}
+
+// The reference three-digit quantizer (every ISA's quantize_d3); integer-exact, so SIMD twins match.
+inline void quantize_x_d3(const float* x, int64_t K, uint8_t* q) {
+    const float kMagic = 12582912.f;  // 1.5 * 2^23: (v + magic) - magic rounds v to nearest even
+    const int64_t nb = K / kBlockElems, nq = d3x_quads(K);
+    constexpr int32_t kUnset = INT32_MIN;
+    std::memset(q, 0, size_t(d3x_bytes(K)));
+    auto lane_ptr = [&](int64_t b, int field, int i) {
+        return q + kD3HeadBytes + (b / 4) * kD3QuadBytes + 384 + field * 64 + ((b % 4) * 4 + i) * 4;
+    };
+    for (int64_t b = 0; b < 4 * nq; ++b)
+        for (int i = 0; i < 4; ++i) std::memcpy(lane_ptr(b, 1, i), &kUnset, 4);
+    int kx_min = 1 << 20, kx_max = -(1 << 20);
+    bool finite = true;
+    for (int64_t b = 0; b < nb; ++b) {
+        const float* xb = x + b * kBlockElems;
+        float amax = 0.f;
+        if (!block_absmax(xb, &amax)) {
+            finite = false;
+            continue;
+        }
+        if (amax < kQ8TinyAmax) continue;
+        uint32_t bits;
+        std::memcpy(&bits, &amax, 4);
+        const int kx = int(bits >> 23) - 148;  // amax in [2^(kx+21), 2^(kx+22))
+        const uint32_t ubits = uint32_t(127 - kx) << 23;
+        float up;  // 2^-kx, a normal float for every kx here (-121..106)
+        std::memcpy(&up, &ubits, 4);
+        int32_t xi[kBlockElems];
+        for (int j = 0; j < kBlockElems; ++j) {
+            xi[j] = int32_t((xb[j] * up + kMagic) - kMagic);  // exact scaling, |v| <= 2^22
+            const int32_t l = ((xi[j] + 128) & 255) - 128, r = (xi[j] - l) / 256;
+            const int32_t m = ((r + 128) & 255) - 128, h = (r - m) / 256;
+            q[d3x_elem(b, j)] = uint8_t(int8_t(h));
+            q[d3x_elem(b, j) + 64] = uint8_t(int8_t(m));
+            q[d3x_elem(b, j) + 128] = uint8_t(int8_t(l));
+        }
+        for (int i = 0; i < 4; ++i) {
+            int32_t sum = 0;
+            for (int k = 4 * i; k < 4 * i + 4; ++k) sum += xi[k] + xi[k + 16];
+            const int32_t corr = 12 * sum, kxm1 = kx - 1;
+            std::memcpy(lane_ptr(b, 0, i), &corr, 4);
+            std::memcpy(lane_ptr(b, 1, i), &kxm1, 4);
+        }
+        kx_min = kx < kx_min ? kx : kx_min;
+        kx_max = kx > kx_max ? kx : kx_max;
+    }
+    if (kx_min > kx_max) kx_min = kx_max = 0;  // no nonzero block
+    const int32_t fill = kx_min - 1;
+    for (int64_t b = 0; b < 4 * nq; ++b)
+        for (int i = 0; i < 4; ++i) {
+            int32_t v;
+            std::memcpy(&v, lane_ptr(b, 1, i), 4);
+            if (v == kUnset) std::memcpy(lane_ptr(b, 1, i), &fill, 4);
+        }
+    const D3Head head = {2 - kx_min, 226 - kx_max, finite ? 0.f : __builtin_nanf("")};
+    std::memcpy(q, &head, sizeof(head));
+}
+
+namespace scalar {  // the reference three-digit GEMV; the SIMD ones fall back to it per row
+void gemv_d3(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const uint8_t* const* xq, int nt,
+             float* out, int64_t ldo);
+}
+
 // Table of e8m0_half / 256 (exact): the int16 GEMV multiplies MXFP4 weights as LUT2 * 256 (the
 // decoded byte in the high half of a 16-bit lane, no sign extension needed).
 extern float g_e8m0_div256[256];
@@ -310,5 +427,6 @@ void attn_group(const float* q, int g, const float* K, const float* V, int64_t n
 extern const KernelSet kScalarKernels;
 extern const KernelSet kAvx2Kernels;
 extern const KernelSet kAvx512Kernels;
+bool avx512_has_d3();  // kAvx512Kernels.gemv_d3 may run (it also needs VBMI)
 
 }  // namespace hm

@@ -946,7 +946,7 @@ void swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float
 
 const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm, avx2::gemv_q8,
                                 avx2::attn_group, avx2::qgemm, avx2::gemm_q8, avx2::quantize_q8,
-                                avx2::swiglu, avx2::quantize_q16, avx2::gemv_q16};
+                                avx2::swiglu, avx2::quantize_q16, avx2::gemv_q16, quantize_x_d3, nullptr};
 
 }  // namespace hm
 #pragma GCC pop_options

@@ -102,6 +102,185 @@ inline __m256i dot16_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpws
 inline __m256i dot16_first(__m256i w, __m256i x) { return _mm256_madd_epi16(w, x); }
 #include "gemv_q16.inc"
 
+}  // namespace
+}  // namespace hm
+
+// ---- three-digit activations (common.h: quantize_x_d3): VBMI byte permutes on top of the set's ISA.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")
+namespace hm {
+namespace {
+
+// Per pair of blocks (34 bytes: e0, 16 nibble bytes, e1, 16 nibble bytes), one masked load, one
+// vpermb into [b0 lo nibbles | b1 lo | b0 hi | b1 hi] order (the hi half shifted by 4), one vpermb
+// through LUT2 + 12 repeated 4 times (index bits 4-5 are the other nibble; 6-7 are ignored).
+struct D3Consts {
+    __m512i lut, spread, eidx, fill;
+    D3Consts() {
+        alignas(64) uint8_t lut64[64], sp[64], ei[64], fl[64] = {};
+        for (int i = 0; i < 64; ++i) lut64[i] = uint8_t(kMxfp4Lut2[i & 15] + 12);
+        for (int i = 0; i < 16; ++i) sp[i] = sp[32 + i] = uint8_t(1 + i), sp[16 + i] = sp[48 + i] = uint8_t(18 + i);
+        const uint8_t src[4] = {0, 17, 64, 81};  // e of blocks 4q..4q+3 in (pair A, pair B)
+        for (int l = 0; l < 16; ++l) ei[4 * l] = src[l / 4], ei[4 * l + 1] = ei[4 * l + 2] = ei[4 * l + 3] = 0;
+        fl[0] = fl[17] = 128;  // a missing block reads e = 128, nibbles 0
+        lut = _mm512_load_si512(lut64);
+        spread = _mm512_load_si512(sp);
+        eidx = _mm512_load_si512(ei);
+        fill = _mm512_load_si512(fl);
+    }
+};
+
+HM_ALWAYS_INLINE inline __m512i d3_weights(const uint8_t* blk, __mmask64 present, const D3Consts& c, __m512i& raw) {
+    raw = _mm512_mask_loadu_epi8(c.fill, present, blk);
+    __m512i z = _mm512_permutexvar_epi8(c.spread, raw);
+    z = _mm512_mask_srli_epi16(z, 0xFFFF0000u, z, 4);
+    return _mm512_permutexvar_epi8(z, c.lut);
+}
+
+// Horner over the three digits (h, m, l at X, X+64, X+128): sum (w+12) xi per lane, exact.
+HM_ALWAYS_INLINE inline __m512i d3_digits(__m512i wv, const uint8_t* X) {
+    __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(X));
+    a = _mm512_dpbusd_epi32(_mm512_slli_epi32(a, 8), wv, _mm512_loadu_si512(X + 64));
+    return _mm512_dpbusd_epi32(_mm512_slli_epi32(a, 8), wv, _mm512_loadu_si512(X + 128));
+}
+
+constexpr __mmask64 kPairMask = (__mmask64(1) << 34) - 1, kBlockMask = (__mmask64(1) << 17) - 1;
+
+// Quads [q0, q1) of one row (q0 even) for NT tokens: acc[2t + q % 2]; emin/emax gather the
+// weight exponents for the range check.
+template <int NT, bool kPrefetch>
+inline void d3_quads(const uint8_t* row, int64_t q0, int64_t q1, int64_t nb, const uint8_t* const* xq,
+                     const D3Consts& c, __m512* acc, __m512i& emin, __m512i& emax) {
+    const int64_t nfull = nb / 4;
+    auto step = [&](int64_t q, int slot) HM_ALWAYS_INLINE {
+        const uint8_t* blk = row + q * 4 * kMxfp4Bytes;
+        if (kPrefetch) {
+            _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
+            _mm_prefetch((const char*)blk + kPrefetchBytes + 64, _MM_HINT_T0);
+        }
+        __mmask64 ma = kPairMask, mb = kPairMask;
+        if (q >= nfull) {  // the last, partial quad
+            const int64_t rem = nb - 4 * q;
+            ma = rem >= 2 ? kPairMask : kBlockMask;
+            mb = rem == 3 ? kBlockMask : 0;
+        }
+        __m512i ra, rb;
+        const __m512i wa = d3_weights(blk, ma, c, ra), wb = d3_weights(blk + 2 * kMxfp4Bytes, mb, c, rb);
+        const __m512i ev = _mm512_maskz_permutex2var_epi8(0x1111111111111111ull, ra, c.eidx, rb);
+        emin = _mm512_min_epu32(emin, ev);
+        emax = _mm512_max_epu32(emax, ev);
+        for (int t = 0; t < NT; ++t) {
+            const uint8_t* X = xq[t] + kD3HeadBytes + q * kD3QuadBytes;
+            const __m512i a = d3_digits(wa, X), b = d3_digits(wb, X + 192);
+            // lanes i and i+8 of each pair hold the same block: [A lo | B lo] + [A hi | B hi]
+            __m512i f = _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xEE));
+            f = _mm512_sub_epi32(f, _mm512_loadu_si512(X + 384));
+            const __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(ev, _mm512_loadu_si512(X + 448)), 23));
+            acc[2 * t + slot] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(f), sc, acc[2 * t + slot]);
+        }
+    };
+    int64_t q = q0;
+    for (; q + 1 < q1; q += 2) {
+        step(q, 0);
+        step(q + 1, 1);
+    }
+    if (q < q1) step(q, 0);
+}
+
+// The 16-lane sum in scalar::gemv_d3's order: (l, l+8), then (l, l+4), then (0+2) + (1+3).
+inline float d3_hsum(__m512 a0, __m512 a1) {
+    const __m512 s = _mm512_add_ps(a0, a1);
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+}
+
+inline bool d3_in_range(__m512i emin, __m512i emax, int32_t lo, int32_t hi) {
+    return int32_t(_mm512_reduce_min_epu32(emin)) >= lo && int32_t(_mm512_reduce_max_epu32(emax)) <= hi;
+}
+
+// Rows x NT tokens as gemv_q16_t: whole rows while the activations fit in L1, else K chunks
+// over row groups. A row whose weight exponents leave [e_lo, e_hi] is redone by the reference.
+template <int NT>
+void gemv_d3_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const uint8_t* const* xq,
+               float* out, int64_t ldo) {
+    const int64_t nb = K / kBlockElems, nq = d3x_quads(K);
+    const D3Consts c;
+    int32_t lo = INT32_MIN, hi = INT32_MAX;
+    float poison[NT];
+    for (int t = 0; t < NT; ++t) {
+        const D3Head h = d3x_head(xq[t]);
+        lo = h.e_lo > lo ? h.e_lo : lo;
+        hi = h.e_hi < hi ? h.e_hi : hi;
+        poison[t] = h.poison;
+    }
+    auto finish = [&](int64_t r, const __m512* acc, __m512i emin, __m512i emax) {
+        if (!d3_in_range(emin, emax, lo, hi)) {
+            scalar::gemv_d3(w + r * row_bytes, row_bytes, 1, K, xq, NT, out + r, ldo);
+            return;
+        }
+        for (int t = 0; t < NT; ++t) out[t * ldo + r] = d3_hsum(acc[2 * t], acc[2 * t + 1]) + poison[t];
+    };
+    const __m512i e0 = _mm512_set1_epi32(255), e1 = _mm512_setzero_si512();
+    if (NT * nq * kD3QuadBytes <= kGemvWholeBytes) {
+        for (int64_t r = 0; r < n_rows; ++r) {
+            __m512 acc[2 * NT];
+            for (int t = 0; t < 2 * NT; ++t) acc[t] = _mm512_setzero_ps();
+            __m512i emin = e0, emax = e1;
+            d3_quads<NT, true>(w + r * row_bytes, 0, nq, nb, xq, c, acc, emin, emax);
+            finish(r, acc, emin, emax);
+        }
+        return;
+    }
+    const int64_t kcq = (kGemvChunkFloats * 4 / (NT * kD3QuadBytes) + 1) / 2 * 2;  // even: slots by q % 2
+    alignas(64) float keep[kGemvGroupRows][2 * NT][16];
+    alignas(64) uint32_t keep_e[kGemvGroupRows][2][16];
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kGemvGroupRows) {
+        const int64_t nr = n_rows - r0 < kGemvGroupRows ? n_rows - r0 : kGemvGroupRows;
+        for (int64_t q0 = 0; q0 < nq; q0 += kcq) {
+            const int64_t q1 = nq - q0 < kcq ? nq : q0 + kcq;
+            for (int64_t r = 0; r < nr; ++r) {
+                const uint8_t* row = w + (r0 + r) * row_bytes;
+                if (q0 == 0 && r + 2 < nr) prefetch_row_l2(row + 2 * row_bytes, row_bytes);
+                __m512 acc[2 * NT];
+                __m512i emin = e0, emax = e1;
+                for (int t = 0; t < 2 * NT; ++t) acc[t] = q0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(keep[r][t]);
+                if (q0) emin = _mm512_load_si512(keep_e[r][0]), emax = _mm512_load_si512(keep_e[r][1]);
+                d3_quads<NT, false>(row, q0, q1, nb, xq, c, acc, emin, emax);
+                if (q1 < nq) {
+                    for (int t = 0; t < 2 * NT; ++t) _mm512_store_ps(keep[r][t], acc[t]);
+                    _mm512_store_si512(keep_e[r][0], emin);
+                    _mm512_store_si512(keep_e[r][1], emax);
+                } else {
+                    finish(r0 + r, acc, emin, emax);
+                }
+            }
+        }
+    }
+}
+
+void gemv_d3(const uint8_t* w, int64_t rb, int64_t n, int64_t K, const uint8_t* const* xq, int nt, float* out,
+             int64_t ldo) {
+    switch (nt) {
+        case 1: return gemv_d3_t<1>(w, rb, n, K, xq, out, ldo);
+        case 2: return gemv_d3_t<2>(w, rb, n, K, xq, out, ldo);
+        case 3: return gemv_d3_t<3>(w, rb, n, K, xq, out, ldo);
+        case 4: return gemv_d3_t<4>(w, rb, n, K, xq, out, ldo);
+        case 5: return gemv_d3_t<5>(w, rb, n, K, xq, out, ldo);
+        case 6: return gemv_d3_t<6>(w, rb, n, K, xq, out, ldo);
+        case 7: return gemv_d3_t<7>(w, rb, n, K, xq, out, ldo);
+        default: return gemv_d3_t<8>(w, rb, n, K, xq, out, ldo);
+    }
+}
+
+}  // namespace
+}  // namespace hm
+#pragma GCC pop_options
+
+namespace hm {
+namespace {
+
 void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* tile) {
     const int64_t nb = K / kBlockElems;
     const __m512 lut = mx_lut();
@@ -127,7 +306,14 @@ void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_
 
 const KernelSet kAvx512Kernels = {"avx512", prep_x, gemv, decode, avx2::pack_a, avx2::gemm,
                                   avx2::gemv_q8, avx2::attn_group, avx2::qgemm, avx2::gemm_q8,
-                                  avx2::quantize_q8, avx2::swiglu, avx2::quantize_q16, gemv_q16};
+                                  avx2::quantize_q8, avx2::swiglu, avx2::quantize_q16, gemv_q16,
+                                  quantize_x_d3, gemv_d3};
+
+// The three-digit GEMV needs VBMI on top of the set's F/BW/VL/VNNI (Ice Lake, Zen 4 and later).
+bool avx512_has_d3() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi");
+}
 
 }  // namespace hm
 #pragma GCC pop_options

@@ -182,8 +182,58 @@ void gemv_q16(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int6
 
 }  // namespace
 
+// ---- three-digit activations: the reference GEMV (common.h defines the layout and the sums).
+namespace scalar {
+void gemv_d3(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const uint8_t* const* xq, int nt,
+             float* out, int64_t ldo) {
+    const int64_t nb = K / kBlockElems, nq = d3x_quads(K);
+    uint8_t wu[4][kBlockElems];  // LUT2 + 12 of the quad's blocks; a missing block: code 0, e = 128
+    int e[4];
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const uint8_t* row = w + r * row_bytes;
+        for (int t = 0; t < nt; ++t) {
+            const uint8_t* X = xq[t];
+            float acc[2][16] = {};
+            for (int64_t qd = 0; qd < nq; ++qd) {
+                for (int k = 0; k < 4; ++k) {
+                    const int64_t b = 4 * qd + k;
+                    const uint8_t* blk = row + b * kMxfp4Bytes;
+                    e[k] = b < nb ? blk[0] : 128;
+                    for (int j = 0; j < 16; ++j) {
+                        wu[k][j] = uint8_t(12 + (b < nb ? kMxfp4Lut2[blk[1 + j] & 0x0f] : 0));
+                        wu[k][j + 16] = uint8_t(12 + (b < nb ? kMxfp4Lut2[blk[1 + j] >> 4] : 0));
+                    }
+                }
+                for (int lane = 0; lane < 16; ++lane) {
+                    const int k = lane / 4, i = lane % 4;
+                    const int64_t b = 4 * qd + k;
+                    int32_t f = -d3x_lane(X, qd, 0, lane);
+                    for (int half = 0; half < 2; ++half) {  // elements 4i.. and 16+4i..: one vpdpbusd lane each
+                        int32_t a = 0;
+                        for (int d = 0; d < 3; ++d) {
+                            int32_t dot = 0;
+                            for (int j = 4 * i + 16 * half; j < 4 * i + 16 * half + 4; ++j)
+                                dot += int32_t(wu[k][j]) * int8_t(X[d3x_elem(b, j) + 64 * d]);
+                            a = a * 256 + dot;
+                        }
+                        f += a;
+                    }
+                    const int n = e[k] - 128 + d3x_lane(X, qd, 1, lane) + 1;
+                    acc[qd % 2][lane] += std::ldexp(float(f), n);
+                }
+            }
+            float s[16];
+            for (int l = 0; l < 16; ++l) s[l] = acc[0][l] + acc[1][l];
+            for (int l = 0; l < 8; ++l) s[l] += s[l + 8];
+            for (int l = 0; l < 4; ++l) s[l] += s[l + 4];
+            out[t * ldo + r] = ((s[0] + s[2]) + (s[1] + s[3])) + d3x_head(X).poison;
+        }
+    }
+}
+}  // namespace scalar
+
 const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, pack_rows, gemm, gemv_q8,
                                   scalar::attn_group, qgemm, gemm_q8, quantize_x_q8, swiglu_ref,
-                                  quantize_x_q16, gemv_q16};
+                                  quantize_x_q16, gemv_q16, quantize_x_d3, scalar::gemv_d3};
 
 }  // namespace hm

@@ -19,7 +19,8 @@ def use_isa(request):
 
 
 
-@pytest.fixture(params=[K.Activations.INT16, K.Activations.FP32], ids=["int16", "fp32"])
+@pytest.fixture(params=[K.Activations.INT16, K.Activations.INT8X3, K.Activations.FP32], ids=["int16", "int8x3", "fp32"])
 def act_mode(request) -> K.Activations:
-    """The activation mode to pass (`act=`): int16 on the GEMV path, and fp32 (the default)."""
+    """The activation mode to pass (`act=`): int16 or three int8 digits on the GEMV path, and fp32
+    (the default)."""
     return request.param

@@ -54,9 +54,11 @@ def dequant64(raw: np.ndarray, t: GGMLType) -> torch.Tensor:
 
 
 def default_tol(fp32_tol: float, act: K.Activations) -> float:
-    """The stated error of an exact mode: fp32_tol with fp32 activations, else the int16
-    activations' bound (kernels.ACT16_REL_ERR)."""
-    return fp32_tol if act == K.Activations.FP32 else max(fp32_tol, K.ACT16_REL_ERR)
+    """The stated error of an exact mode: fp32_tol with fp32 activations, else that mode's bound
+    (kernels.ACT16_REL_ERR, kernels.INT8X3_REL_ERR)."""
+    if act == K.Activations.FP32:
+        return fp32_tol
+    return max(fp32_tol, K.INT8X3_REL_ERR if act == K.Activations.INT8X3 else K.ACT16_REL_ERR)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

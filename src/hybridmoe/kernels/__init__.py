@@ -9,7 +9,7 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
     set_num_threads(n)             size of the persistent worker pool (default: physical cores,
                                    or env HYBRIDMOE_THREADS); num_threads() reads it
     set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used (16)
-    Activations                    FP32 (default) | INT16 | INT8 (fast math): every matmul entry
+    Activations                    FP32 (default) | INT16 | INT8X3 | INT8 (fast math): every matmul entry
                                    point takes one per call (`act=`), so each model has its own
     ExpertTensors                  one layer's routed experts (mmap views)
     moe_forward(...)               fused gpt-oss MoE layer
@@ -34,14 +34,17 @@ from hybridmoe.kernels import _lib, reference
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ACT16_REL_ERR", "Activations", "ExpertTensors", "LinearGroup", "available", "dequantize", "isa",
-    "linear_mxfp4", "linear_q8_0", "moe_forward", "num_threads", "set_gemv_max_tokens", "set_isa",
+    "ACT16_REL_ERR", "INT8X3_REL_ERR", "Activations", "ExpertTensors", "LinearGroup", "available", "dequantize", "isa",
+    "digits_active", "linear_mxfp4", "linear_q8_0", "moe_forward", "num_threads", "set_gemv_max_tokens", "set_isa",
     "set_num_threads",
 ]
 
 # Stated error of the int16 GEMV path (two int16 terms per element, ~2^-24 of the block max):
 # max|y - y_exact| / max|y_exact| per GEMV / MoE layer, the fp32 path's bound (measured 2e-7..7e-7).
 ACT16_REL_ERR = 1e-5
+# Stated error of the three-digit GEMV path (xi = h 2^16 + m 2^8 + l, |xi| <= 2^22 per block, so
+# <= 2^-22 of the block max per element): the same per-GEMV / per-MoE-layer bound as INT16.
+INT8X3_REL_ERR = 1e-5
 
 
 class Activations(enum.IntEnum):
@@ -55,6 +58,12 @@ class Activations(enum.IntEnum):
         multiplied in exact integer arithmetic (vpmaddwd / vpdpwssd), within ACT16_REL_ERR like
         fp32; the tile path (many tokens) stays fp32. Opt-in: it measured no faster than fp32 on
         Zen 4 (one term alone was 1.45x faster but 2-3e-4 off on the test models' logits).
+    INT8X3: on the MXFP4 GEMV path (few tokens per expert or dense call) each activation is
+        scaled per 32-element block by a power of two and split into three signed-byte digits
+        (x = 2^kx (h 2^16 + m 2^8 + l), |.| <= 2^22: 22-23 bits of the block max, like fp32);
+        each digit is one vpdpbusd against the unsigned weight bytes, the digits are combined in
+        exact int32, then one FMA by the block scales: within INT8X3_REL_ERR. Needs AVX-512
+        VNNI + VBMI (`digits_active()`); Q8_0 weights, the tile path and other ISAs compute fp32.
     INT8: fast math. Activations quantized per 32-element block to int8 (scale max|x|/127, round
         to nearest) and multiplied in integer arithmetic, on the GEMV and the tile path: cold T=1
         MoE layer ~1.5-1.7x faster on AVX2 (bench/kernels.py; the memory-bound Q8_0 head
@@ -66,6 +75,7 @@ class Activations(enum.IntEnum):
     FP32 = 0
     INT16 = 1
     INT8 = 2
+    INT8X3 = 3
 
     @classmethod
     def for_fast_math(cls, fast_math: bool) -> "Activations":
@@ -130,6 +140,11 @@ def set_num_threads(n: int) -> None:
 
 def num_threads() -> int:
     return _lib_handle.hm_get_num_threads() if _lib_handle else torch.get_num_threads()
+
+
+def digits_active() -> bool:
+    """True when Activations.INT8X3 runs the three-digit GEMV on this ISA (else it computes fp32)."""
+    return _lib_handle is not None and bool(_lib_handle.hm_d3_active())
 
 
 def set_gemv_max_tokens(n: int) -> None:
