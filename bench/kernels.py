@@ -5,7 +5,8 @@ read bandwidth measured in the same run (numpy sum over a large array, 1 and 2 t
 Fast mode (act=kernels.Activations.INT8: int8 activations; the int8 GEMV, and the int8 GEMM on the
 tile path) gets its own rows, measured in the same run, and a closing table of speed-ups over fp32
 (1 thread: thread-CPU-time rates, which the other processes on a shared core do not distort;
-2 threads: wall-time medians).
+2 threads: wall-time medians). The GEMV-path modes (INT16: two int16 terms; INT8X3: three int8
+digits, on ISAs where kernels.digits_active()) get rows for the T=1 cases, same run.
 
 "Cold": each call routes to 4 experts of a fresh group, cycling through 32 experts (423 MB),
 so the weights come from RAM, not the 32 MB L3. Medians of --repeats runs. Numbers are noisy on
@@ -17,6 +18,7 @@ a shared machine; rerun when it is quiet.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import threading
 import time
@@ -28,6 +30,11 @@ import hybridmoe.kernels as K
 import machine
 import record
 from hybridmoe.gguf.constants import GGMLType
+
+# (record key, mode) of the T=1 cases; "default" and "fast" are the keys every record has.
+T1_MODES = (("default", K.Activations.FP32), ("int16", K.Activations.INT16), ("int8x3", K.Activations.INT8X3),
+            ("fast", K.Activations.INT8))
+LABEL = {"default": "", "int16": " INT16", "int8x3": " INT8X3 digits", "fast": " FAST int8"}
 
 H = I = 2880
 E, TOPK = 32, 4
@@ -120,9 +127,10 @@ def main() -> None:
     bw_buf = np.ones(int(args.bw_gib * 2**30) // 8, dtype=np.float64)
     expert_bytes = 3 * I * MX_ROW
 
-    speedups = []  # (threads, case, fp32 rate, fast rate): GB/s, or GFLOP/s where the case says so
+    speedups = []  # (threads, case, {mode key: rate}): GB/s, or GFLOP/s where the case says so
     print(machine.describe())
-    print(f"isa={K.isa()}  repeats={args.repeats} (medians)  20b shapes H=I={H}, E={E}, top-{TOPK}")
+    print(f"isa={K.isa()}  repeats={args.repeats} (medians)  20b shapes H=I={H}, E={E}, top-{TOPK}"
+          f"  INT8X3 digits GEMV {'active' if K.digits_active() else 'inactive (computes fp32)'}")
     rec = record.new("kernels", {"threads": args.threads, "repeats": args.repeats, "isa": K.isa(),
                                  "tokens": args.tokens, "gemv_max_tokens": args.gemv_max_tokens, "bw_gib": args.bw_gib})
     rows = []
@@ -160,65 +168,69 @@ def main() -> None:
         def rate(amount: float, t: float) -> float:  # the speed-up table's rate: CPU time at 1 thread
             return amount / (LAST_CPU_S[0] if nt == 1 else t) / 1e9
 
-        moe_rates = []
-        for fast in (False, True):
-            state["act"] = K.Activations.for_fast_math(fast)
+        moe_rates = {}
+        for key, act in T1_MODES:
+            state["act"] = act
             t, best = timed(cold_decode, args.repeats * 4)
-            keep(nt, "MoE T=1 cold, 4 experts", "GB/s", "fast" if fast else "default", TOPK * expert_bytes, t, bw)
-            moe_rates.append(rate(TOPK * expert_bytes, t))
+            keep(nt, "MoE T=1 cold, 4 experts", "GB/s", key, TOPK * expert_bytes, t, bw)
+            moe_rates[key] = rate(TOPK * expert_bytes, t)
             gbs = TOPK * expert_bytes / t / 1e9
-            rows.append((nt, "MoE T=1 cold, 4 experts" + (" FAST int8" if fast else ""), f"{gbs:.1f} GB/s",
+            rows.append((nt, "MoE T=1 cold, 4 experts" + LABEL[key], f"{gbs:.1f} GB/s",
                          f"{t * 1e3:.2f} ms, {gbs / bw:.0%} of read bw; best {TOPK * expert_bytes / best / 1e9:.1f} GB/s"
                          + cpu_note(nt, TOPK * expert_bytes, "GB/s")))
-        speedups.append((nt, "MoE T=1 cold", *moe_rates))
+        speedups.append((nt, "MoE T=1 cold", moe_rates))
 
         for T in args.tokens:
             x = torch.randn(T, H)
             ids = torch.stack([torch.randperm(E)[:TOPK] for _ in range(T)]).to(torch.int32)
             wts = torch.softmax(torch.randn(T, TOPK), -1)
             flops = T * TOPK * 2 * (2 * I * H + H * I)
-            rates = []
+            rates = {}
             for fast in (False, True):  # fast: int8 GEMV (<= 16 tokens per expert) or int8 GEMM
                 act = K.Activations.for_fast_math(fast)
                 t, best = timed(lambda: K.moe_forward(x, ids, wts, experts, act=act), max(3, args.repeats // 2))
                 keep(nt, f"MoE T={T}", "GFLOP/s", "fast" if fast else "default", flops, t)
-                rates.append(flops / (LAST_CPU_S[0] if nt == 1 else t) / 1e9)
+                rates["fast" if fast else "default"] = flops / (LAST_CPU_S[0] if nt == 1 else t) / 1e9
                 rows.append((nt, f"MoE T={T}" + (" FAST int8" if fast else ""), f"{flops / t / 1e9:.1f} GFLOP/s",
                              f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s" + cpu_note(nt, flops, "GFLOP/s")))
-            speedups.append((nt, f"MoE T={T} (GFLOP/s)", *rates))
+            speedups.append((nt, f"MoE T={T} (GFLOP/s)", rates))
 
         xh = torch.randn(1, H)
-        head_rates = []
-        for fast in (False, True):
-            act = K.Activations.for_fast_math(fast)
+        head_rates = {}
+        for key, act in T1_MODES:
             t, best = timed(lambda: K.linear_q8_0(xh, head, act=act), args.repeats)
-            keep(nt, "Q8_0 head 201088x2880 T=1", "GB/s", "fast" if fast else "default", head.nbytes, t, bw)
-            head_rates.append(rate(head.nbytes, t))
-            rows.append((nt, "Q8_0 head 201088x2880 T=1" + (" FAST int8" if fast else ""),
+            keep(nt, "Q8_0 head 201088x2880 T=1", "GB/s", key, head.nbytes, t, bw)
+            head_rates[key] = rate(head.nbytes, t)
+            rows.append((nt, "Q8_0 head 201088x2880 T=1" + LABEL[key],
                          f"{head.nbytes / t / 1e9:.1f} GB/s",
                          f"{t * 1e3:.1f} ms, {head.nbytes / t / 1e9 / bw:.0%} of read bw; best {head.nbytes / best / 1e9:.1f}"
                          + cpu_note(nt, head.nbytes, "GB/s")))
-        speedups.append((nt, "Q8_0 head T=1", *head_rates))
+        speedups.append((nt, "Q8_0 head T=1", head_rates))
         xd = torch.randn(512, H)
         wd = head[:4096]  # attention q projection shape: 4096 x 2880 Q8_0
         flops = 2 * 512 * 4096 * H
-        dense_rates = []
+        dense_rates = {}
         for fast in (False, True):  # fast: the int8 GEMM (maddubs on |w| and sign(x, w))
             act = K.Activations.for_fast_math(fast)
             t, best = timed(lambda: K.linear_q8_0(xd, wd, act=act), max(3, args.repeats // 2))
             keep(nt, "Q8_0 4096x2880 T=512", "GFLOP/s", "fast" if fast else "default", flops, t)
-            dense_rates.append(rate(flops, t))
+            dense_rates["fast" if fast else "default"] = rate(flops, t)
             rows.append((nt, "Q8_0 4096x2880 T=512" + (" FAST int8" if fast else ""), f"{flops / t / 1e9:.1f} GFLOP/s",
                          f"{t * 1e3:.1f} ms; best {flops / best / 1e9:.1f} GFLOP/s" + cpu_note(nt, flops, "GFLOP/s")))
-        speedups.append((nt, "Q8_0 4096x2880 T=512 (GFLOP/s)", *dense_rates))
+        speedups.append((nt, "Q8_0 4096x2880 T=512 (GFLOP/s)", dense_rates))
 
     print(f"| threads | case | rate | notes |\n|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(str(c) for c in r) + " |")
-    print("\nfast mode (int8 activations) vs fp32, same run; 1 thread: CPU-time rates, 2+: wall medians")
-    print("| threads | case | fp32 rate | fast rate | speed-up |\n|---|---|---|---|---|")
-    for nt, case, slow, fast in speedups:
-        print(f"| {nt} | {case} | {slow:.1f} | {fast:.1f} | {fast / slow:.2f}x |")
+    print("\nother modes vs fp32 (default), same run; 1 thread: CPU-time rates, 2+: wall medians")
+    keys = [k for k, _ in T1_MODES]
+    print("| threads | case | " + " | ".join(f"{k} rate" for k in keys) + " | "
+          + " | ".join(f"{k} / default" for k in keys[1:]) + " |\n|---|---|" + "---|" * (2 * len(keys) - 1))
+    for nt, case, r in speedups:
+        cells = [f"{r[k]:.1f}" if k in r else "" for k in keys]
+        cells += [f"{r[k] / r['default']:.2f}x" if k in r else "" for k in keys[1:]]
+        print(f"| {nt} | {case} | " + " | ".join(cells) + " |")
+    print(f"load average at the end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     rec["rows"] = list(out.values())
     record.write(rec, args.json)
 
