@@ -130,8 +130,9 @@ struct D3Consts {
     }
 };
 
+template <bool kTail>
 HM_ALWAYS_INLINE inline __m512i d3_weights(const uint8_t* blk, __mmask64 present, const D3Consts& c, __m512i& raw) {
-    raw = _mm512_mask_loadu_epi8(c.fill, present, blk);
+    raw = kTail ? _mm512_mask_loadu_epi8(c.fill, present, blk) : _mm512_maskz_loadu_epi8(present, blk);
     __m512i z = _mm512_permutexvar_epi8(c.spread, raw);
     z = _mm512_mask_srli_epi16(z, 0xFFFF0000u, z, 4);
     return _mm512_permutexvar_epi8(z, c.lut);
@@ -158,14 +159,15 @@ inline void d3_quads(const uint8_t* row, int64_t q0, int64_t q1, int64_t nb, con
             _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
             _mm_prefetch((const char*)blk + kPrefetchBytes + 64, _MM_HINT_T0);
         }
-        __mmask64 ma = kPairMask, mb = kPairMask;
-        if (q >= nfull) {  // the last, partial quad
+        __m512i ra, rb, wa, wb;
+        if (q < nfull) {
+            wa = d3_weights<false>(blk, kPairMask, c, ra);
+            wb = d3_weights<false>(blk + 2 * kMxfp4Bytes, kPairMask, c, rb);
+        } else {  // the last, partial quad: missing blocks read as code 0, e = 128
             const int64_t rem = nb - 4 * q;
-            ma = rem >= 2 ? kPairMask : kBlockMask;
-            mb = rem == 3 ? kBlockMask : 0;
+            wa = d3_weights<true>(blk, rem >= 2 ? kPairMask : kBlockMask, c, ra);
+            wb = d3_weights<true>(blk + 2 * kMxfp4Bytes, rem == 3 ? kBlockMask : 0, c, rb);
         }
-        __m512i ra, rb;
-        const __m512i wa = d3_weights(blk, ma, c, ra), wb = d3_weights(blk + 2 * kMxfp4Bytes, mb, c, rb);
         const __m512i ev = _mm512_maskz_permutex2var_epi8(0x1111111111111111ull, ra, c.eidx, rb);
         emin = _mm512_min_epu32(emin, ev);
         emax = _mm512_max_epu32(emax, ev);
