@@ -38,6 +38,10 @@ BENCHES = {
                 "20b shapes (H = I = 2880, 32 experts, top-4). GB/s of weight bytes for the memory-bound cases "
                 "(one token), GFLOP/s for the compute-bound ones; \"cold\" cycles through all experts so the "
                 "weights come from RAM. `fast` is `--fast-math` (int8 activations)."),
+    "roofline": ("Decode roofline", "bench/roofline.py",
+                 "Weight bytes one decode step of S concurrent streams reads (dense tensors once, each expert "
+                 "some stream picked, uniform routing) and the tok/s the same-run read bandwidth allows: "
+                 "the ceiling no engine can pass on that machine."),
     "conversation": ("Conversations: prompt reuse per turn", "bench/conversation.py",
                      "Every request resends the whole conversation as token ids on `/completion`; cached = "
                      "prompt tokens the server did not recompute, ttft = time to first token at the client."),
