@@ -443,7 +443,7 @@ def tool_example(book: str, chapter: int, verse: int, text: str, rng: random.Ran
     return full + final_reply(answer)
 
 
-def drill_document(verses: list[tuple[str, int, int, str]], rng: random.Random) -> str:
+def drill_document(verses: list[tuple[str, int, int, str]], rng: random.Random, answer_share: float) -> str:
     """Copy drills: the two copies a verse lookup needs (reference -> JSON arguments, tool output ->
     quoted answer), several per document and without the system/developer preamble, so that the
     model sees many copy events per window; the full conversations above teach the real prompt."""
@@ -454,7 +454,7 @@ def drill_document(verses: list[tuple[str, int, int, str]], rng: random.Random) 
         args = {"book": book, "chapter": chapter, "verse": verse}
         user = rng.choice(VERSE_QUESTIONS).format(r=ref)
         part = f"<|start|>user<|message|>{user}<|end|><|start|>assistant" + tool_call_reply("lookup_verse", args)
-        if rng.random() < 0.4:
+        if rng.random() < answer_share:
             answer = rng.choice(VERSE_ANSWERS).format(r=f"{book} {chapter}:{verse}", t=text)
             part += (f"<|start|>functions.lookup_verse to=assistant<|channel|>commentary<|message|>{text}<|end|>"
                      f"<|start|>assistant" + final_reply(answer))
@@ -477,7 +477,9 @@ def main() -> None:
     ap.add_argument("--text-fraction", type=float, default=0.3,
                     help="share of the remaining (non-chat) documents kept as plain text")
     ap.add_argument("--tool-examples", type=int, default=8000, help="verse-lookup conversations")
-    ap.add_argument("--drill-docs", type=int, default=9000, help="documents of verse-lookup copy drills")
+    ap.add_argument("--drill-docs", type=int, default=7000, help="documents of verse-lookup copy drills")
+    ap.add_argument("--drill-answer-share", type=float, default=0.7,
+                    help="share of drill lookups that also carry the tool output and the quoted answer")
     ap.add_argument("--no-fetch", action="store_true", help="reuse demo/work/root")
     args = ap.parse_args()
     root = WORK / "root"
@@ -513,7 +515,7 @@ def main() -> None:
         rows[split].append({"src": "web", "kind": "tool", "text": tool_example(*v, rng)})
     for i in range(args.drill_docs):
         split = "val" if i % VAL_BUCKETS == 0 else "train"
-        rows[split].append({"src": "web", "kind": "drill", "text": drill_document(pool, rng)})
+        rows[split].append({"src": "web", "kind": "drill", "text": drill_document(pool, rng, args.drill_answer_share)})
     for split, items in rows.items():
         rng.shuffle(items)  # tool conversations spread through the stream, not in one block
         with open(outdir / f"{split}.jsonl", "w") as f:

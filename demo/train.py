@@ -93,6 +93,47 @@ def loss_mask(ids: np.ndarray, tok: Tokenizer) -> np.ndarray:
     return mask
 
 
+def focus_mask(ids: np.ndarray, tok: Tokenizer) -> np.ndarray:
+    """True on the tokens that decide the acceptance checks: what a verse lookup copies from its
+    context (a tool call's JSON arguments, a final answer after a tool's output) and the channel an
+    assistant message opens (analysis, final or a call: the reasoning-effort decision). They get
+    --focus-weight in the loss and are the tokens of the accuracy logged at each evaluation."""
+    specials = {s: tok.token_to_id(s) for s in ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>",
+                                                  "<|call|>", "<|return|>", "<|end|>", EOT)}
+    start, channel, message, constrain = (specials[s] for s in ("<|start|>", "<|channel|>", "<|message|>",
+                                                                 "<|constrain|>"))
+    mask = np.zeros(len(ids), dtype=bool)
+    tool_seen = is_call = is_final = is_assistant = False
+    open_at = name_at = -1
+    for i in np.flatnonzero(np.isin(ids, list(specials.values()))).tolist():
+        t = ids[i]
+        if name_at >= 0:  # an assistant's channel name ends at the next special token
+            mask[name_at:i] = True
+            name_at = -1
+        if t == start:
+            head = tok.decode(ids[i + 1:i + 4].tolist(), skip_special_tokens=False)
+            if head.startswith("functions."):
+                tool_seen = True
+            elif head.startswith("user"):
+                tool_seen = False
+            is_assistant = head.startswith("assistant")
+            is_call = is_final = False
+        elif t == channel:
+            is_final = tok.decode(ids[i + 1:i + 3].tolist(), skip_special_tokens=False).startswith("final")
+            name_at = i + 1 if is_assistant else -1
+        elif t == constrain:
+            is_call = True
+        elif t == message:
+            open_at = i + 1 if is_call or (is_final and tool_seen) else -1
+        else:  # a message ends (or the document does)
+            if open_at >= 0:
+                mask[open_at:i + 1] = True
+            open_at = -1
+            if t == specials[EOT]:
+                tool_seen = False
+    return mask
+
+
 def val_windows(val: np.ndarray, seq: int, max_windows: int) -> torch.Tensor:
     n = min(max_windows, (len(val) - 1) // seq)
     step = (len(val) - 1) // n
@@ -102,8 +143,15 @@ def val_windows(val: np.ndarray, seq: int, max_windows: int) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(model: GptOssForCausalLM, windows: torch.Tensor, batch: int = 8) -> float:
     """Mean next-token cross entropy (nats) over the windows, without the router aux loss."""
+    return evaluate_focus(model, windows, None, batch)[0]
+
+
+@torch.no_grad()
+def evaluate_focus(model: GptOssForCausalLM, windows: torch.Tensor, focus: torch.Tensor | None,
+                  batch: int = 8) -> tuple[float, float]:
+    """(mean cross entropy, top-1 accuracy on the focus-masked target tokens; nan without a mask)."""
     model.eval()
-    total, count = 0.0, 0
+    total, count, hits, copies = 0.0, 0, 0, 0
     for i in range(0, len(windows), batch):
         x = windows[i:i + batch]
         logits = model(input_ids=x).logits[:, :-1].float()
@@ -111,8 +159,12 @@ def evaluate(model: GptOssForCausalLM, windows: torch.Tensor, batch: int = 8) ->
                                                  reduction="sum")
         total += loss.item()
         count += x[:, 1:].numel()
+        if focus is not None:
+            m = focus[i:i + batch, 1:]
+            hits += int(((logits.argmax(-1) == x[:, 1:]) & m).sum())
+            copies += int(m.sum())
     model.train()
-    return total / count
+    return total / count, (hits / copies if copies else float("nan"))
 
 
 def lr_at(frac: float, step: int, peak: float, warmup_steps: int) -> float:
@@ -147,6 +199,8 @@ def main() -> None:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--ckpt-minutes", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=20261202)
+    ap.add_argument("--focus-weight", "--copy-weight", type=float, default=1.0,
+                    help="loss weight of focus_mask's tokens (copied tool arguments and verse, channel choice)")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init-gguf", type=Path, default=None,
@@ -165,7 +219,9 @@ def main() -> None:
     tok = Tokenizer.from_file(str(WORK / "tokenizer.json"))
     train, val = load_tokens("train", tok), load_tokens("val", tok)
     train_mask = torch.from_numpy(loss_mask(train, tok))
+    train_focus = torch.from_numpy(focus_mask(train, tok))
     windows = val_windows(val, args.seq, 48)
+    val_focus = val_windows(focus_mask(val, tok), args.seq, 48).bool()
     model = GptOssForCausalLM._from_config(model_config(tok.get_vocab_size()), attn_implementation="eager")
     if args.init_gguf and not args.resume:
         from from_gguf import hf_state_from_gguf
@@ -174,7 +230,8 @@ def main() -> None:
         if args.init_check:
             check = val_windows(encode_jsonl(args.init_check, tok), args.seq, 48)
             log({"event": "init", "gguf": str(args.init_gguf), "check_corpus": str(args.init_check),
-                 "check_loss": round(evaluate(model, check), 4), "val_loss": round(evaluate(model, windows), 4)})
+                 "check_loss": round(evaluate(model, check), 4), "val_loss": round(evaluate(model, windows), 4),
+                 "focus_acc": round(evaluate_focus(model, windows, val_focus)[1], 4)})
     model.train()
     opt = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(args.seed)
@@ -206,9 +263,14 @@ def main() -> None:
         starts = torch.randint(0, len(train) - seq - 1, (batch,), generator=gen)
         x = torch.stack([torch.from_numpy(train[s:s + seq].astype(np.int64)) for s in starts.tolist()])
         keep = torch.stack([train_mask[s:s + seq] for s in starts.tolist()])
-        out = model(input_ids=x, labels=x.masked_fill(~keep, -100))
+        focus = torch.stack([train_focus[s:s + seq] for s in starts.tolist()])
+        out = model(input_ids=x)
+        ce = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(),
+                                               x[:, 1:].reshape(-1), reduction="none")
+        weight = keep[:, 1:].float() * (1.0 + (args.focus_weight - 1.0) * focus[:, 1:].float())
+        loss = (ce * weight.reshape(-1)).sum() / weight.sum() + model.config.router_aux_loss_coef * out.aux_loss
         opt.zero_grad(set_to_none=True)
-        out.loss.backward()
+        loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
@@ -216,7 +278,7 @@ def main() -> None:
         if bench_start is None and step >= first_step + 2:  # skip warm-up steps in the rate
             bench_start = (time.time(), tokens_seen)
         if step % 25 == 0:
-            ce = out.loss.item() - model.config.router_aux_loss_coef * out.aux_loss.item()
+            ce = loss.item() - model.config.router_aux_loss_coef * out.aux_loss.item()
             rate = (tokens_seen - bench_start[1]) / (time.time() - bench_start[0]) if bench_start else 0.0
             entry = {"step": step, "min": round((time.time() - t0) / 60, 2), "tokens": tokens_seen,
                      "loss": round(ce, 4), "aux": round(out.aux_loss.item(), 4), "lr": round(lr, 6),
@@ -227,18 +289,19 @@ def main() -> None:
                 log(entry)
         if not args.bench and time.time() - last_ckpt >= args.ckpt_minutes * 60:
             save_checkpoint(model, opt, gen, step, time.time() - t0, tokens_seen)
+            val_loss, focus_acc = evaluate_focus(model, windows, val_focus)
             log({"event": "eval", "step": step, "min": round((time.time() - t0) / 60, 2), "tokens": tokens_seen,
-                 "val_loss": round(evaluate(model, windows), 4)})
+                 "val_loss": round(val_loss, 4), "focus_acc": round(focus_acc, 4)})
             last_ckpt = time.time()
     if args.bench:
         rate = (tokens_seen - bench_start[1]) / (time.time() - bench_start[0])
         print(f"threads={args.threads} steps={step} tokens/s={rate:.0f}")
         return
     save_checkpoint(model, opt, gen, step, time.time() - t0, tokens_seen)
-    val_loss = evaluate(model, windows)
+    val_loss, focus_acc = evaluate_focus(model, windows, val_focus)
     model.save_pretrained(WORK / "final")
     log({"event": "end", "step": step, "min": round((time.time() - t0) / 60, 2), "tokens": tokens_seen,
-         "val_loss": round(val_loss, 4), "seed": args.seed})
+         "val_loss": round(val_loss, 4), "focus_acc": round(focus_acc, 4), "seed": args.seed})
 
 
 def save_checkpoint(model, opt, gen, step: int, elapsed: float, tokens: int) -> None:
