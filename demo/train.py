@@ -75,21 +75,26 @@ def encode_jsonl(path: Path, tok: Tokenizer) -> np.ndarray:
 
 def loss_mask(ids: np.ndarray, tok: Tokenizer) -> np.ndarray:
     """False at each <|end|> that closes an assistant final or commentary message (a past turn of a
-    multi-turn chat, a tool's output): the model sees it in context but is never trained to emit it,
-    so answers end in <|return|> and tool calls in <|call|>. The <|end|> after analysis-channel
+    multi-turn chat, a tool's output), and at that message's channel name: the model sees them in
+    context but is never trained to emit them, so answers end in <|return|> and tool calls in <|call|>. The <|end|> after analysis-channel
     reasoning stays trained: the model must close its reasoning before the final answer.
     The channel is the text right after <|channel|>; <|start|> opens a new header."""
-    start, channel, end = (tok.token_to_id(s) for s in ("<|start|>", "<|channel|>", "<|end|>"))
+    start, channel, end, message = (tok.token_to_id(s) for s in ("<|start|>", "<|channel|>", "<|end|>", "<|message|>"))
     mask = np.ones(len(ids), dtype=bool)
     masking = False
+    opened = -1
     for i in np.flatnonzero((ids == start) | (ids == channel) | (ids == end)).tolist():
         t = ids[i]
         if t == start:
             masking = False
         elif t == channel:
             masking = not tok.decode(ids[i + 1:i + 4].tolist(), skip_special_tokens=False).startswith("analysis")
+            opened = i
         elif masking:
             mask[i] = False
+            # Nor its channel name: the template drops a past turn's reasoning, so a past turn opens
+            # `final` where the live turn would reason; trained, it teaches "no analysis" after a question.
+            mask[opened + 1:ids[opened:i].tolist().index(message) + opened + 1] = False
     return mask
 
 
