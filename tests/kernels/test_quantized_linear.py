@@ -17,6 +17,15 @@ TYPES = [pytest.param(GGMLType.MXFP4, id="mxfp4"), pytest.param(GGMLType.Q8_0, i
 LINEAR_TOL = 1e-5
 
 
+def _mxfp4_float64(raw: np.ndarray) -> torch.Tensor:
+    """MXFP4 rows in float64 from the format's definition: E2M1 value x 2^(e-127), element j from
+    byte j's low nibble, j+16 from its high nibble."""
+    e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+    blocks = raw.reshape(raw.shape[0], -1, 17)
+    vals = np.concatenate([e2m1[blocks[:, :, 1:] & 15], e2m1[blocks[:, :, 1:] >> 4]], axis=2)
+    return torch.from_numpy((vals * np.exp2(blocks[:, :, :1].astype(np.float64) - 127)).reshape(raw.shape[0], -1))
+
+
 def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
@@ -179,6 +188,31 @@ def test_gemv_k_chunks_row_groups_and_even_passes(isa, t, T, use_isa, act_mode):
     y = K._linear(x, w, None, t, act_mode)
     ref = x.double() @ dequant64(w, t).T
     assert torch.isfinite(y).all() and rel_err(y, ref) < default_tol(LINEAR_TOL, act_mode)
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("T", [1, 2, 5])
+def test_mxfp4_gemv_every_scale_regime(isa, T, use_isa, act_mode):
+    """Scale bytes at both ends (subnormal e = 0, 1; e up to 252, where +-6 still fits float32),
+    alone and mixed with ordinary ones in one row, activations scaled so every result is a normal
+    float. Each output's error against float64 relative to its sum of |w x| (a cancelling row is not
+    held to its tiny result, and a tiny row is not hidden by a large one)."""
+    use_isa(isa)
+    rng = np.random.default_rng()
+    rows, Kd = 23, 640  # 20 blocks per row, an odd row count
+    regimes = {"low": ([0, 1, 2, 3], 2.0 ** 20), "high": ([248, 250, 251, 252], 2.0 ** -20),
+               "mixed": ([0, 1, 2, 120, 127, 130, 252], 2.0 ** -20), "ordinary": ([118, 127, 133], 1.0)}
+    for name, (scales, x_scale) in regimes.items():
+        w = quantized(rng, rows, Kd, GGMLType.MXFP4).reshape(rows, Kd // 32, 17)
+        w[:, :, 0] = rng.choice(scales, size=(rows, Kd // 32))
+        w = np.ascontiguousarray(w.reshape(rows, -1))
+        x = torch.from_numpy((rng.standard_normal((T, Kd)) * x_scale).astype(np.float32))
+        K.set_gemv_max_tokens(16)
+        y = K._linear(x, w, None, GGMLType.MXFP4, act_mode)
+        w64 = _mxfp4_float64(w)
+        ref, scale = x.double() @ w64.T, x.double().abs() @ w64.abs().T  # error relative to sum |w x|
+        per_row = ((y.double() - ref).abs() / scale.clamp_min(1e-300)).max().item()
+        assert per_row < default_tol(LINEAR_TOL, act_mode), (name, per_row)
 
 
 @pytest.mark.parametrize("isa", isa_params())
