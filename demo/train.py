@@ -76,10 +76,12 @@ def encode_jsonl(path: Path, tok: Tokenizer) -> np.ndarray:
 def loss_mask(ids: np.ndarray, tok: Tokenizer) -> np.ndarray:
     """False at each <|end|> that closes an assistant final or commentary message (a past turn of a
     multi-turn chat, a tool's output), and at that message's channel name: the model sees them in
-    context but is never trained to emit them, so answers end in <|return|> and tool calls in <|call|>. The <|end|> after analysis-channel
-    reasoning stays trained: the model must close its reasoning before the final answer.
+    context but is never trained to emit them, so answers end in <|return|> and tool calls in
+    <|call|>. The <|end|> after analysis-channel reasoning stays trained: the model must close its
+    reasoning before the final answer.
     The channel is the text right after <|channel|>; <|start|> opens a new header."""
-    start, channel, end, message = (tok.token_to_id(s) for s in ("<|start|>", "<|channel|>", "<|end|>", "<|message|>"))
+    start, channel, end, message = (tok.token_to_id(s)
+                                    for s in ("<|start|>", "<|channel|>", "<|end|>", "<|message|>"))
     mask = np.ones(len(ids), dtype=bool)
     masking = False
     opened = -1

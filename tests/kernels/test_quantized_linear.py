@@ -17,15 +17,6 @@ TYPES = [pytest.param(GGMLType.MXFP4, id="mxfp4"), pytest.param(GGMLType.Q8_0, i
 LINEAR_TOL = 1e-5
 
 
-def _mxfp4_float64(raw: np.ndarray) -> torch.Tensor:
-    """MXFP4 rows in float64 from the format's definition: E2M1 value x 2^(e-127), element j from
-    byte j's low nibble, j+16 from its high nibble."""
-    e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
-    blocks = raw.reshape(raw.shape[0], -1, 17)
-    vals = np.concatenate([e2m1[blocks[:, :, 1:] & 15], e2m1[blocks[:, :, 1:] >> 4]], axis=2)
-    return torch.from_numpy((vals * np.exp2(blocks[:, :, :1].astype(np.float64) - 127)).reshape(raw.shape[0], -1))
-
-
 def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
@@ -209,7 +200,7 @@ def test_mxfp4_gemv_every_scale_regime(isa, T, use_isa, act_mode):
         x = torch.from_numpy((rng.standard_normal((T, Kd)) * x_scale).astype(np.float32))
         K.set_gemv_max_tokens(16)
         y = K._linear(x, w, None, GGMLType.MXFP4, act_mode)
-        w64 = _mxfp4_float64(w)
+        w64 = dequant64(w, GGMLType.MXFP4)
         ref, scale = x.double() @ w64.T, x.double().abs() @ w64.abs().T  # error relative to sum |w x|
         per_row = ((y.double() - ref).abs() / scale.clamp_min(1e-300)).max().item()
         assert per_row < default_tol(LINEAR_TOL, act_mode), (name, per_row)
