@@ -220,9 +220,18 @@ def test_device_options_from_the_plan(tiny_gguf):
     o = DeviceOptions.from_plan(plan)
     gpu, cpu = torch.device("cuda:0"), torch.device("cpu")
     assert (o.upload_buffers, o.dense_dtype(gpu), o.dense_dtype(cpu)) == (2, "f16", None)
+    assert (o.compute_dtype, o.kv_dtype) == (torch.float32, torch.float32)
     d = DeviceOptions()
     assert (d.upload_buffers, d.dense_dtype(gpu)) == (1, None)
-    assert d.dtype_for(gpu) == torch.bfloat16 and d.dtype_for(cpu) == torch.float32
+    assert (d.compute_dtype, d.kv_dtype) == (torch.float32, torch.float32)  # exact unless --fast-math
+    cfg = GptOssConfig.from_metadata(mf.metadata)
+    for fast, kv_bytes, want in ((False, 4.0, (torch.float32, torch.float32)),
+                                 (False, 2.0, (torch.float32, torch.float16)),
+                                 (True, 2.0, (torch.bfloat16, torch.float16))):
+        p = make_plan(cfg, mf.tensors, PlacementOptions(PlacementSettings(gpu_dense_dtype="stored"),
+                                                         kv_dtype_bytes=kv_bytes, fast_math=fast))
+        f = DeviceOptions.from_plan(p)
+        assert (f.compute_dtype, f.kv_dtype) == want
     with pytest.raises(ValueError, match="upload_buffers"):
         DeviceOptions(upload_buffers=-1)
     assert GptOss(mf, plan).expert_backends == plan.expert_backends == [CPU_KERNELS] * 4  # all-CPU: the C kernels
@@ -328,3 +337,12 @@ def test_cuda_logits_match_cpu(tiny_pair):
         layer.moe.experts.streamer.dtype = torch.float32
     assert rel_err(_logits(model, ids).cpu(), ref) < 1e-4
     assert layers[0].moe.experts.last_path == "streamed"
+
+
+def test_kv_cache_dtype_is_float32_on_the_cpu_else_the_plans():
+    from hybridmoe.models.attention import kv_dtype_for
+
+    cpu, acc = torch.device("cpu"), torch.device("meta")  # any non-CPU device stands for a GPU
+    assert kv_dtype_for([cpu, cpu], torch.float16) == torch.float32
+    assert kv_dtype_for([cpu, acc], torch.float16) == torch.float16
+    assert kv_dtype_for([acc], torch.float32) == torch.float32

@@ -56,7 +56,7 @@ def index(sparse_files):
     return out
 
 
-SIZES = ("ctx_size", "n_parallel", "batch_size", "kv_dtype_bytes")
+SIZES = ("ctx_size", "n_parallel", "batch_size", "kv_dtype_bytes", "fast_math")
 
 
 def options(**kw) -> PlacementOptions:
@@ -80,16 +80,38 @@ def test_bf16_dense_weights_cost_exactly_their_bf16_bytes(index):
     assert sum(d.values()) - sum(s.values()) == q8_elems * 2 - q8_elems * 34 // 32
 
 
-@pytest.mark.parametrize("budget,expect", [(None, "stored"), (6.0, "bf16"), (4.0, "stored")])
-def test_auto_dense_dtype_uses_bf16_only_when_it_fits(index, monkeypatch, budget, expect):
+@pytest.mark.parametrize("fast_math", [False, True])
+def test_auto_precision_picks_the_most_precise_choice_that_fits(index, monkeypatch, fast_math):
+    # Exact numerics (the default): f32 dense + f32 KV, then stored dense (same values), then an
+    # f16 cache; --fast-math starts from bf16 dense + f16 KV. No budget known: the smallest.
     monkeypatch.setattr(plan_mod, "cuda_free_bytes", lambda device: None)
-    assert PlacementOptions().placement.gpu_dense_dtype == "auto"
-    p = plan_for(index, "120b", cpu_moe=True, ctx_size=4096, n_parallel=1, gpu_dense_dtype="auto",
-                 vram_budget=budget)
-    assert p.options.placement.gpu_dense_dtype == expect
-    ref = plan_for(index, "120b", cpu_moe=True, ctx_size=4096, n_parallel=1, gpu_dense_dtype=expect)
-    assert p.devices["cuda:0"].total_bytes == ref.devices["cuda:0"].total_bytes
-    assert any("dense GPU weights" in n for n in p.notes)
+    assert PlacementOptions().placement.gpu_dense_dtype == "auto" and PlacementOptions().kv_dtype_bytes is None
+    big, big_kv = ("bf16", 2.0) if fast_math else ("f32", 4.0)
+    order = list(dict.fromkeys([(big, big_kv), ("stored", big_kv), (big, 2.0), ("stored", 2.0)]))
+    kw = dict(cpu_moe=True, ctx_size=131072, n_parallel=1, fast_math=fast_math)
+    totals = {c: plan_for(index, "120b", gpu_dense_dtype=c[0], kv_dtype_bytes=c[1], **kw).devices["cuda:0"].total_bytes
+              for c in order}
+    assert len(set(totals.values())) == len(order)
+    for c in order:
+        want = next(d for d in order if totals[d] <= totals[c])
+        p = plan_for(index, "120b", gpu_dense_dtype="auto", vram_budget=(totals[c] + 1) / GIB, **kw)
+        assert (p.options.placement.gpu_dense_dtype, p.options.kv_dtype_bytes) == want, c
+        assert p.devices["cuda:0"].total_bytes == totals[want]
+        assert any(n.startswith(f"dense GPU weights: {want[0]}") for n in p.notes), p.notes
+        kv_note = next(n for n in p.notes if n.startswith("KV cache on the GPU"))
+        assert kv_note.startswith(f"KV cache on the GPU: {'f32' if want[1] == 4 else 'f16'}")
+        assert ("5e-4" in kv_note) == (want[1] == 2 and not fast_math)
+    p = plan_for(index, "120b", gpu_dense_dtype="auto", vram_budget=None, **kw)
+    assert (p.options.placement.gpu_dense_dtype, p.options.kv_dtype_bytes) == ("stored", 2.0)
+    assert any("no VRAM budget known" in n for n in p.notes)
+    # An explicit choice is kept whatever the budget.
+    p = plan_for(index, "120b", gpu_dense_dtype="f32", kv_dtype_bytes=4.0, vram_budget=1.0, **kw)
+    assert (p.options.placement.gpu_dense_dtype, p.options.kv_dtype_bytes) == ("f32", 4.0)
+
+
+def test_cpu_only_plan_keeps_a_float32_cache(index):
+    p = plan_for(index, "20b", gpu_device="cpu", gpu_dense_dtype="auto", fast_math=True)
+    assert p.options.kv_dtype_bytes == 4.0 and set(p.devices) == {"cpu"}
 
 
 # --- §7 formulas, written out independently --------------------------------------------------
@@ -354,7 +376,7 @@ def test_fit_picks_the_most_layers_that_fit(index):
     for budget_gib in (5.5, 6.0, 12.0, 22.0, 40.0):
         budget = int(budget_gib * GIB)
         want = 0 if budget < one else min(35, 1 + (budget - one) // layer)
-        p = plan_for(index, "120b", fit=True, vram_budget=budget_gib)
+        p = plan_for(index, "120b", fit=True, vram_budget=budget_gib, kv_dtype_bytes=2.0)
         assert p.n_gpu_expert_layers == want, budget_gib
         assert p.expert_devices == ["cpu"] * (36 - want) + ["cuda:0"] * want
         assert p.devices["cuda:0"].total_bytes <= budget
@@ -367,9 +389,26 @@ def test_fit_all_on_gpu_drops_the_upload_buffers(index):
     # With every layer on the GPU there is nothing to upload, so 36 layers can fit a budget
     # that 35 layers plus two upload buffers would not (the plan is not monotone at the end).
     full = plan_for(index, "120b").devices["cuda:0"].total_bytes
-    p = plan_for(index, "120b", fit=True, vram_budget=full / GIB, upload_buffers=2)
+    p = plan_for(index, "120b", fit=True, vram_budget=full / GIB, upload_buffers=2, kv_dtype_bytes=2.0)
     assert p.n_gpu_expert_layers == 36
     assert plan_for(index, "120b", n_cpu_moe=1, upload_buffers=2).devices["cuda:0"].total_bytes > full
+
+
+def test_fit_keeps_exact_numerics_before_adding_layers(index):
+    # An f32 cache costs layers; --fit takes precision first, the f16 cache only when nothing
+    # else fits with every expert on the CPU.
+    kw = dict(ctx_size=131072, n_parallel=1, gpu_dense_dtype="auto")
+    exact_lo = plan_for(index, "120b", n_cpu_moe=36, gpu_dense_dtype="stored", kv_dtype_bytes=4.0, ctx_size=131072)
+    budget = exact_lo.devices["cuda:0"].total_bytes + 3 * expert_layer_bytes(128)
+    p = plan_for(index, "120b", fit=True, vram_budget=budget / GIB, **kw)
+    f16 = plan_for(index, "120b", fit=True, vram_budget=budget / GIB, kv_dtype_bytes=2.0, **kw)
+    assert p.options.kv_dtype_bytes == 4.0 and f16.options.kv_dtype_bytes == 2.0
+    assert p.n_gpu_expert_layers < f16.n_gpu_expert_layers
+    assert p.devices["cuda:0"].total_bytes <= budget and p.notes[0].startswith("fit:")
+    assert any(n.startswith("KV cache on the GPU: f32") for n in p.notes)
+    small = exact_lo.devices["cuda:0"].total_bytes - 1
+    q = plan_for(index, "120b", fit=True, vram_budget=small / GIB, **kw)
+    assert q.options.kv_dtype_bytes == 2.0 and any("5e-4" in n for n in q.notes)
 
 
 def test_fit_refuses_with_the_numbers(index):
@@ -480,6 +519,23 @@ def test_cli_json_table_fit_and_errors(sparse_files, capsys):
     assert rc == 1 and "> VRAM budget 4.00 GiB" in out
     rc, _, err = _run_cli(capsys, sparse_files["120b"], "-ot", "blk.(=CPU")
     assert rc == 2 and "invalid regex" in err
+
+
+def test_cli_plans_serves_numerics(sparse_files, capsys):
+    # The default plans float32 weights and cache when the budget holds them; --fast-math plans
+    # bf16 / f16; --kv-bytes fixes the cache.
+    f = sparse_files["120b"]
+    plans = {}
+    for name, extra in (("exact", ()), ("fast", ("--fast-math",)), ("kv2", ("--kv-bytes", "2"))):
+        rc, out, err = _run_cli(capsys, f, "--cpu-moe", "-c", "4096", "-np", "1", "--vram-budget", "8", "--json",
+                                *extra)
+        assert rc == 0, err
+        plans[name] = json.loads(out)
+    opts = {k: (p["options"]["placement"]["gpu_dense_dtype"], p["options"]["kv_dtype_bytes"], p["options"]["fast_math"])
+            for k, p in plans.items()}
+    assert opts == {"exact": ("f32", 4.0, False), "fast": ("bf16", 2.0, True), "kv2": ("f32", 2.0, False)}
+    kv = {k: p["devices"]["cuda:0"]["kv_bytes"] for k, p in plans.items()}
+    assert kv["exact"] == 2 * kv["fast"] == 2 * kv["kv2"]
 
 
 def test_cli_json_lists_each_layers_devices_and_expert_backend(sparse_files, capsys):

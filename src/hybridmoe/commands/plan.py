@@ -35,8 +35,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_placement_args(p)
     add_context_args(p)
     add_parallel_args(p)
-    p.add_argument("--kv-bytes", type=float, default=PlacementOptions().kv_dtype_bytes,
-                   help="bytes per cached K/V value (2 = f16)")
+    p.add_argument("--kv-bytes", type=float, default=None,
+                   help="bytes per cached K/V value on the GPU (4 = f32, 2 = f16; default: what serve "
+                        "would pick: f32 when it fits the VRAM budget, else f16)")
+    p.add_argument("--fast-math", action="store_true",
+                   help="plan serve --fast-math's GPU numerics (bf16 dense weights, f16 KV cache)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
@@ -47,7 +50,7 @@ def options_from_args(args: argparse.Namespace) -> PlacementOptions:
     return PlacementOptions(
         PlacementSettings.from_args(args), ctx_size=context.ctx_size,
         n_parallel=ParallelSettings.from_args(args).n_parallel, batch_size=context.step_tokens,
-        kv_dtype_bytes=args.kv_bytes)
+        kv_dtype_bytes=args.kv_bytes, fast_math=args.fast_math)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -54,10 +54,10 @@ class KernelDecodeAttention(TorchAttention):
                                    self.window or 0, self.sinks, self.scale)[None]
 
 
-def kv_dtype_for(layer_devices: list[torch.device]) -> torch.dtype:
+def kv_dtype_for(layer_devices: list[torch.device], accelerator_dtype: torch.dtype) -> torch.dtype:
     """KV in float32 when every layer is on the CPU (exact, and what the C decode attention
-    reads); float16 when any is on an accelerator, where VRAM is the budget (llama.cpp's default)."""
-    return torch.float32 if all(d.type == "cpu" for d in layer_devices) else torch.float16
+    reads); else the plan's choice (float32, or float16 where VRAM is short or with --fast-math)."""
+    return torch.float32 if all(d.type == "cpu" for d in layer_devices) else accelerator_dtype
 
 
 def pick_attention(layer: int, device: torch.device, kv_dtype: torch.dtype, sinks: torch.Tensor, scale: float,

@@ -3,9 +3,9 @@
 Used for experts resident on an accelerator (raw MXFP4 uploaded once, 4.25 bits/weight) and for
 the hit experts a prompt batch streams up from the CPU (experts_streamed.ExpertStreamer). Both keep the
 weights quantized in memory and decode only the experts the batch hits, a few at a time, to the
-compute dtype. With float32 the result equals the CPU kernels' to fp32 rounding (tests run it on
-the CPU); bf16 (the CUDA default) is exact for the MXFP4 weights and rounds the activations to
-8 mantissa bits before each matmul (float32 accumulation), about 0.3% relative error per matmul.
+compute dtype. With float32 (the default, on CUDA too) the result equals the CPU kernels' to fp32
+rounding (tests run it on the CPU); bf16 (--fast-math) is exact for the MXFP4 weights and rounds
+the activations to 8 mantissa bits before each matmul (f32 accumulation), ~0.3% relative per matmul.
 
 Shapes: T tokens, k experts per token, H hidden, I expert intermediate size, n experts held.
 """

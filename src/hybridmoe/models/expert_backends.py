@@ -90,13 +90,13 @@ def make_routed_experts(kind: str, experts: LayerExperts, *, activations_device:
         return CpuExperts(ex, alpha, limit, act)
     if kind == RESIDENT:
         return ResidentExperts(upload_experts(experts, experts_device), alpha, limit,
-                               options.dtype_for(experts_device), options.decode_budget_bytes)
+                               options.compute_dtype, options.decode_budget_bytes)
     staged = StagedExperts(ex, alpha, limit, act, activations_device, buffers)
     if kind == STAGED:
         return staged
     if kind == STREAMED:
         streamer = ExpertStreamer(ex, alpha, limit, activations_device, buffers, options.upload_buffers,
-                                  options.dtype_for(activations_device), options.decode_budget_bytes)
+                                  options.compute_dtype, options.decode_budget_bytes)
         return StreamedExperts(staged, streamer, options.cost)
     raise ValueError(f"unknown expert backend {kind!r}")
 

@@ -168,7 +168,8 @@ class GptOss:
         # The embedding is a row gather: it stays in the mmap on the CPU (as llama.cpp does).
         self.embd_raw = mf.raw("token_embd.weight")
         self.embd_type = mf.tensors["token_embd.weight"].ggml_type
-        self.kv_dtype = kv_dtype_for([load.device(tensor_names(cfg, i)["q"]) for i in range(cfg.n_layers)])
+        self.kv_dtype = kv_dtype_for([load.device(tensor_names(cfg, i)["q"]) for i in range(cfg.n_layers)],
+                                     device_options.kv_dtype)
         layers = range(cfg.n_layers)
         if progress:
             from tqdm import tqdm

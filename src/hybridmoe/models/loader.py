@@ -52,4 +52,6 @@ class WeightLoader:
     def dense(self, weight: str, bias: str | None) -> DenseLinear:
         """A dense matrix (and bias) on the weight's placed device, in the dtype the options give."""
         dev = self.device(weight)
-        return DenseLinear(self.file, weight, bias, dev, self.options.dense_dtype(dev), act=self.act)
+        compute = torch.float32 if dev.type == "cpu" else self.options.compute_dtype
+        return DenseLinear(self.file, weight, bias, dev, self.options.dense_dtype(dev), act=self.act,
+                           compute_dtype=compute)

@@ -2,9 +2,9 @@
 
 Dense weights: on the CPU, Q8_0 stays quantized in the mmap and runs through the C GEMV (exact
 float32 arithmetic); other types become float32. On an accelerator, quantized weights are
-converted once to a compute dtype, bf16 by default (120b attention: 0.95 GiB Q8_0, 1.78 GiB
-bf16, 3.6 GiB f32 -- f32 would break a ~5 GB VRAM budget), or kept as raw blocks ("stored") and
-decoded in row chunks per call. F32 tensors stay float32 everywhere.
+converted once (float32 by default; bf16 with --fast-math) or kept as raw blocks ("stored") and
+decoded per call in row chunks, which is what a small card needs (120b attention: 0.95 GiB Q8_0,
+1.78 GiB bf16, 3.6 GiB f32); the plan picks (placement.plan). F32 tensors stay float32 everywhere.
 
 Routed experts have their own backends (expert_backends).
 """
@@ -78,15 +78,16 @@ def upload_rows(a: np.ndarray, device: torch.device) -> torch.Tensor:
 def _default_dense_dtype(device: torch.device, t: GGMLType) -> str:
     if device.type == "cpu":
         return "stored" if t == GGMLType.Q8_0 and kernels.available() else "f32"
-    return "bf16"
+    return "f32"
 
 
 class DenseLinear:
     """y = x @ W^T + b for a [out, in] GGUF matrix; float32 in and out whatever W's dtype.
 
-    dtype: None (CPU: Q8_0 in place through the C GEMV, exact; accelerator: "bf16"), "stored"
+    dtype: None (CPU: Q8_0 in place through the C GEMV, exact; accelerator: "f32"), "stored"
     (raw blocks, decoded per call in row chunks), or "bf16" / "f16" / "f32" converted once.
     kernel=False keeps "stored" Q8_0 on the CPU off the C GEMV (the accelerator code path; tests).
+    compute_dtype: what "stored" weights are decoded to per call (float32 exact; bf16 fast math).
     act: the activation mode of the C GEMV (the model's fast-math setting).
     Expected error of bf16: input rows and W rounded to 8 mantissa bits, float32 accumulation:
     ~0.3% relative per matmul. Through a model it grows, mostly where a token's top-k expert
@@ -96,7 +97,7 @@ class DenseLinear:
 
     def __init__(self, mf: ModelFile, weight: str, bias: str | None, device: torch.device,
                  dtype: str | None = None, *, kernel: bool = True,
-                 act: kernels.Activations = kernels.Activations.FP32):
+                 act: kernels.Activations = kernels.Activations.FP32, compute_dtype: torch.dtype = torch.float32):
         info = mf.tensors[weight]
         self.act = act
         device = torch.device(device)
@@ -120,7 +121,7 @@ class DenseLinear:
             self.raw = mf.raw(weight)  # stays in the page cache; read in place by the kernel
         elif mode == "stored":
             self.raw_dev = upload_rows(mf.raw(weight), device)
-            self.compute_dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+            self.compute_dtype = compute_dtype
         else:
             self.weight = convert_rows(mf.raw(weight), info.ggml_type, DENSE_DTYPES[mode], device, weight)
 

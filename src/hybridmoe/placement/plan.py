@@ -68,7 +68,12 @@ class PlacementOptions:
     n_parallel (-np): sequences (serving slots) at once.
     batch_size: tokens per forward step (ContextSettings.step_tokens, min(-b, -ub)); sizes compute
         buffers and the sliding-window KV.
-    kv_dtype_bytes: bytes per cached K/V value (2 = f16/bf16).
+    kv_dtype_bytes: bytes per cached K/V value on a GPU (4 = f32, 2 = f16); None = auto (below).
+    fast_math: the model's --fast-math, which sets the GPU numerics. Off: float32 everywhere, so
+        the GPU path keeps the CPU path's accuracy; auto picks f32 dense weights and an f32 KV
+        cache when they fit the VRAM budget, else dense weights stored (Q8_0, decoded to float32
+        per call), then an f16 cache (noted). On: bf16 dense weights and expert matmuls, f16 cache
+        (llama.cpp's numerics). Without a known budget auto picks the smaller choice.
     The sizes' defaults describe one short sequence (a library or test plan); `serve` and `plan`
     pass theirs from settings.ContextSettings / ParallelSettings.
     """
@@ -77,7 +82,8 @@ class PlacementOptions:
     ctx_size: int = 4096
     n_parallel: int = 1
     batch_size: int = ContextSettings().step_tokens
-    kv_dtype_bytes: float = 2
+    kv_dtype_bytes: float | None = None
+    fast_math: bool = False
 
     def validate(self) -> None:
         try:
@@ -85,7 +91,7 @@ class PlacementOptions:
             ParallelSettings(n_parallel=self.n_parallel)
         except SettingsError as e:
             raise PlacementError(str(e)) from None
-        if self.kv_dtype_bytes <= 0:
+        if self.kv_dtype_bytes is not None and self.kv_dtype_bytes <= 0:
             raise PlacementError(f"kv_dtype_bytes must be > 0, got {self.kv_dtype_bytes}")
         try:
             normalize_device(self.placement.gpu_device)
@@ -312,28 +318,65 @@ def _account(cfg: GptOssConfig, tensors: list[TensorPlacement], opts: PlacementO
 
 
 def _plan_for(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
-    if opts.placement.gpu_dense_dtype == "auto":
-        return _auto_dense(cfg, tensors, opts)
+    if opts.placement.gpu_dense_dtype == "auto" or opts.kv_dtype_bytes is None:
+        return _auto_precision(cfg, tensors, opts)
     return _account(cfg, _assign(cfg, tensors, opts.placement), opts)
 
 
-def _auto_dense(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
-    """bf16 dense GPU weights (fast matmuls) when they fit the VRAM budget, else kept as stored
-    (Q8_0 is 0.53x the bytes, decoded per call): an 8 GB card at -c 0 needs the latter."""
-    budget = resolve_vram_budget(opts.placement)
-    fast = _plan_for(cfg, tensors, _with_dense_dtype(opts, "bf16"))
+def _kv_name(kv_bytes: float) -> str:
+    return {4: "f32", 2: "f16"}.get(kv_bytes, f"{kv_bytes:g} B/value")
+
+
+def _precision_candidates(opts: PlacementOptions) -> list[PlacementOptions]:
+    """`opts` with "auto" dense dtype / KV bytes resolved, most precise first: float32 dense and
+    cache (bf16 / f16 with --fast-math), then dense weights kept as stored (same values, decoded
+    per call), then an f16 cache. Explicit choices stay as given."""
+    dense = ([("bf16" if opts.fast_math else "f32"), "stored"] if opts.placement.gpu_dense_dtype == "auto"
+             else [opts.placement.gpu_dense_dtype])
+    kv = [2.0 if opts.fast_math else 4.0, 2.0] if opts.kv_dtype_bytes is None else [opts.kv_dtype_bytes]
+    return [dataclasses.replace(opts, kv_dtype_bytes=k,
+                                placement=dataclasses.replace(opts.placement, gpu_dense_dtype=d))
+            for d, k in dict.fromkeys((d, k) for k in kv for d in dense)]
+
+
+def _precision_notes(asked: PlacementOptions, chosen: PlacementOptions, why: str) -> list[str]:
+    notes = []
+    if asked.placement.gpu_dense_dtype == "auto":
+        notes.append(f"dense GPU weights: {chosen.placement.gpu_dense_dtype} ({why}; --gpu-dense-dtype sets it)")
+    if asked.kv_dtype_bytes is None:
+        kv = _kv_name(chosen.kv_dtype_bytes)
+        extra = ("; f16 rounds each cached value to ~5e-4 relative (--fast-math numerics)"
+                 if kv == "f16" and not asked.fast_math else "")
+        notes.append(f"KV cache on the GPU: {kv} ({why}){extra}")
+    return notes
+
+
+def _why(candidates: list[PlacementOptions], chosen: PlacementOptions, budget: int | None) -> str:
+    if budget is None:
+        return "no VRAM budget known"
+    if chosen is candidates[0]:
+        return f"fits the {_g(budget)} budget"
+    first = candidates[0]
+    return (f"{first.placement.gpu_dense_dtype} dense weights with an {_kv_name(first.kv_dtype_bytes)} cache "
+            f"would exceed the {_g(budget)} budget")
+
+
+def _auto_precision(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
+    """Resolve "auto" dense dtype and KV bytes: the first of _precision_candidates that fits the
+    VRAM budget (an 8 GB card at -c 0 needs the last); without a known budget, the smallest."""
     gpu = normalize_device(opts.placement.gpu_device)
-    if budget is not None and (gpu not in fast.devices or fast.devices[gpu].total_bytes <= budget):
-        fast.notes.append(f"dense GPU weights: bf16 (fits the {_g(budget)} budget)")
-        return fast
-    small = _plan_for(cfg, tensors, _with_dense_dtype(opts, "stored"))
-    why = "no VRAM budget known" if budget is None else f"bf16 would exceed the {_g(budget)} budget"
-    small.notes.append(f"dense GPU weights: kept as stored ({why}; --gpu-dense-dtype bf16 forces it)")
-    return small
-
-
-def _with_dense_dtype(opts: PlacementOptions, dtype: str) -> PlacementOptions:
-    return dataclasses.replace(opts, placement=dataclasses.replace(opts.placement, gpu_dense_dtype=dtype))
+    if gpu == CPU:  # a CPU-only plan: the cache is float32 (what the C decode kernel reads)
+        return _plan_for(cfg, tensors, dataclasses.replace(
+            opts, kv_dtype_bytes=opts.kv_dtype_bytes or 4.0,
+            placement=dataclasses.replace(opts.placement, gpu_dense_dtype=(
+                "f32" if opts.placement.gpu_dense_dtype == "auto" else opts.placement.gpu_dense_dtype))))
+    budget = resolve_vram_budget(opts.placement)
+    candidates = _precision_candidates(opts)
+    plans = [_plan_for(cfg, tensors, c) for c in candidates]
+    chosen = plans[-1] if budget is None else next(
+        (p for p in plans if p.devices[gpu].total_bytes <= budget), plans[-1])
+    chosen.notes.extend(_precision_notes(opts, chosen.options, _why(candidates, chosen.options, budget)))
+    return chosen
 
 
 def resolve_vram_budget(p: PlacementSettings) -> int | None:
@@ -372,7 +415,8 @@ def make_plan(config: GptOssConfig, tensors: dict[str, TensorLike],
 
 def fit_plan(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions,
              budget_bytes: int) -> Plan:
-    """The plan with the most expert layers on the GPU whose GPU total fits `budget_bytes`.
+    """The plan with the most expert layers on the GPU whose GPU total fits `budget_bytes`, at
+    the most precise numerics that fit with every expert on the CPU (precision before speed).
 
     Layers move in llama.cpp's --n-cpu-moe order (the CPU keeps the lowest indices). GPU bytes
     grow with each layer moved, except that the upload buffers vanish once no expert layer is
@@ -383,41 +427,45 @@ def fit_plan(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementO
     if gpu == CPU:
         raise PlacementError("--fit needs a GPU device, but gpu_device is 'cpu'")
 
-    def plan_with(n_gpu_layers_exp: int) -> Plan:
-        p = dataclasses.replace(opts.placement, fit=False, cpu_moe=False, n_cpu_moe=L - n_gpu_layers_exp)
-        return _plan_for(cfg, tensors, dataclasses.replace(opts, placement=p))
+    def plan_with(o: PlacementOptions, n_gpu_layers_exp: int) -> Plan:
+        p = dataclasses.replace(o.placement, fit=False, cpu_moe=False, n_cpu_moe=L - n_gpu_layers_exp)
+        return _plan_for(cfg, tensors, dataclasses.replace(o, placement=p))
 
     def gpu_total(p: Plan) -> int:
         return p.devices[gpu].total_bytes
 
-    best = plan_with(L)
+    candidates = _precision_candidates(opts)
+    lo_plan = None
+    for numerics in candidates:
+        lo_plan = plan_with(numerics, 0)
+        if gpu_total(lo_plan) <= budget_bytes:
+            break
+    else:
+        u = lo_plan.devices[gpu]
+        raise PlacementError(
+            f"--fit: even with every expert on the CPU, {gpu} needs {_g(u.total_bytes)} "
+            f"(weights {_g(u.weights_bytes)}, KV {_g(u.kv_bytes)}, compute "
+            f"{_g(u.compute_bytes)}) but the budget is {_g(budget_bytes)}; lower -c, "
+            "--parallel or -ngl")
+    best = plan_with(numerics, L)
     if gpu_total(best) > budget_bytes:
-        lo_plan = plan_with(0)
-        if gpu_total(lo_plan) > budget_bytes:
-            u = lo_plan.devices[gpu]
-            raise PlacementError(
-                f"--fit: even with every expert on the CPU, {gpu} needs {_g(u.total_bytes)} "
-                f"(weights {_g(u.weights_bytes)}, KV {_g(u.kv_bytes)}, compute "
-                f"{_g(u.compute_bytes)}) but the budget is {_g(budget_bytes)}; lower -c, "
-                "--parallel or -ngl")
         lo, hi = 0, L - 1  # invariant: plan_with(lo) fits; answer in [lo, hi]
         best = lo_plan
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            p = plan_with(mid)
+            p = plan_with(numerics, mid)
             if gpu_total(p) <= budget_bytes:
                 lo, best = mid, p
             else:
                 hi = mid - 1
     g = sum(d != CPU for d in best.expert_devices)
-    best.options = dataclasses.replace(opts, placement=dataclasses.replace(
-        opts.placement, n_cpu_moe=L - g, gpu_dense_dtype=best.options.placement.gpu_dense_dtype))
+    best.options = dataclasses.replace(numerics, placement=dataclasses.replace(numerics.placement, n_cpu_moe=L - g))
     note = (f"fit: budget {_g(budget_bytes)} on {gpu}; {g} of {L} expert layers on the GPU "
             f"(--n-cpu-moe {L - g}) need {_g(gpu_total(best))}")
     if g < L:
-        nxt = gpu_total(plan_with(g + 1))
+        nxt = gpu_total(plan_with(numerics, g + 1))
         note += f"; {g + 1} would need {_g(nxt)} (over by {_g(nxt - budget_bytes)})"
-    best.notes.append(note)
+    best.notes = [note] + _precision_notes(opts, numerics, _why(candidates, numerics, budget_bytes))
     return best
 
 

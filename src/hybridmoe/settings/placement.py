@@ -50,8 +50,8 @@ class PlacementSettings:
         batches stream experts into (0: prompt batches compute CPU experts on the CPU). One is llama.cpp's
         footprint; two let the next layer's upload overlap this layer's compute.
     gpu_dense_dtype (--gpu-dense-dtype): quantized non-expert weights (Q8_0 attention, output
-        head) on a GPU: "stored" (dequantized inside the matmul), or converted once at load to
-        bf16/f16/f32; "auto" converts to bf16 when that fits the VRAM budget.
+        head) on a GPU: "stored" (decoded per call), or converted once at load to bf16/f16/f32;
+        "auto" converts to f32 (bf16 with --fast-math) when that fits the VRAM budget (placement.plan).
     """
 
     n_gpu_layers: int | None = None
@@ -113,6 +113,6 @@ def add_placement_args(parser: argparse.ArgumentParser) -> list[argparse.Action]
         g.add_argument("--upload-buffers", "--upload-slots", type=int, default=d.upload_buffers,
                        help="GPU buffers of one layer's CPU experts for prompt batches (0 = compute them on the CPU)"),
         g.add_argument("--gpu-dense-dtype", default=d.gpu_dense_dtype, choices=GPU_DENSE_DTYPES,
-                       help="quantized non-expert weights on the GPU: converted when the budget allows (auto), "
-                            "kept as stored, or converted to the given dtype"),
+                       help="quantized non-expert weights on the GPU: auto = f32 (bf16 with --fast-math) when "
+                            "it fits the VRAM budget, else kept as stored and decoded per call; or the given dtype"),
     ]
