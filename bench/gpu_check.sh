@@ -34,4 +34,4 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 # CPU threads: all cores unless the caller pinned OMP_NUM_THREADS (shared dev machines do).
 THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 export OMP_NUM_THREADS="$THREADS"
-exec timeout 470 "$PY" bench/gpu_check.py --threads "$THREADS" "$@"
+exec timeout "${GPU_CHECK_TIMEOUT:-470}" "$PY" bench/gpu_check.py --threads "$THREADS" "$@"
