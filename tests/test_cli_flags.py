@@ -88,6 +88,7 @@ COMMANDS_OF = {PlacementSettings: GROUPS["placement"][1], ContextSettings: GROUP
                ParallelSettings: GROUPS["parallel"][1], ComputeSettings: GROUPS["compute"][1],
                SamplingDefaults: GROUPS["sampling"][1], ServerLimits: ("serve",)}
 SAMPLE_VALUES = {"override_tensor": "exps=CPU", "gpu_device": "cuda:1", "gpu_dense_dtype": "bf16", "fit": "on",
+                 "cache_type_k": "f16", "cache_type_v": "q8_0",
                  "n_gpu_layers": "auto", "temp": "0.5", "top_p": "0.5", "min_p": "0.1"}
 
 
@@ -115,9 +116,9 @@ def test_bad_ngl_is_a_usage_error_naming_the_flag(command, value, capsys):
 def test_serve_accepts_ngl_minus_one_through_the_cli_parser():
     top = argparse.ArgumentParser(prog="hybridmoe")
     serve.add_parser(top.add_subparsers(dest="command"))
-    args = parse_llama_command_line(top, ["serve", "-ngl", "-1", "-ctk", "q8_0", "--n-cpu-moe", "2"])
+    args = parse_llama_command_line(top, ["serve", "-ngl", "-1", "-ctkd", "q8_0", "--n-cpu-moe", "2"])
     s = serve.ServeSettings.from_args(args)
-    assert s.placement == PlacementSettings(n_gpu_layers=None, n_cpu_moe=2) and args.unknown_flags == ["-ctk", "q8_0"]
+    assert s.placement == PlacementSettings(n_gpu_layers=None, n_cpu_moe=2) and args.unknown_flags == ["-ctkd", "q8_0"]
 
 
 @pytest.mark.parametrize("argv,settings,flag", [
@@ -186,8 +187,8 @@ def test_llama_server_only_flags_are_not_ours(monkeypatch):
 
 
 @pytest.mark.parametrize("argv,kept,foreign", [
-    (["-ctk", "q8_0", "-c", "4096"], ["-c", "4096"], ["-ctk", "q8_0"]),
-    (["-ctk", "--port", "5"], ["--port", "5"], ["-ctk"]),  # a missing value never swallows our flag
+    (["-ctkd", "q8_0", "-c", "4096"], ["-c", "4096"], ["-ctkd", "q8_0"]),
+    (["-ctkd", "--port", "5"], ["--port", "5"], ["-ctkd"]),  # a missing value never swallows our flag
     (["--lora-scaled", "a.gguf", "0.5", "-t", "2"], ["-t", "2"], ["--lora-scaled", "a.gguf", "0.5"]),
     (["--log-colors=on", "-cb", "-ts", "-1"], [], ["--log-colors=on", "-cb", "-ts", "-1"]),
     (["-ngl", "-1", "--temp", "0"], ["-ngl", "-1", "--temp", "0"], []),
@@ -206,3 +207,19 @@ def test_import_leaves_omp_wait_policy_to_the_caller(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.gguf")], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "PASSIVE", out.stderr
+
+
+@pytest.mark.parametrize("k,v,kv_bytes,notes", [
+    (None, None, None, 0), ("f32", None, 4.0, 0), ("f16", "f16", 2.0, 0), ("f16", "f32", 4.0, 0),
+    ("q8_0", "q8_0", 2.0, 2), ("bf16", None, 2.0, 1),
+])
+def test_cache_types_as_llama_server_names_them(k, v, kv_bytes, notes):
+    argv = (["-ctk", k] if k else []) + (["--cache-type-v", v] if v else [])
+    c = ContextSettings.from_args(parse("serve", argv))
+    assert (c.cache_type_k, c.cache_type_v, c.kv_bytes) == (k, v, kv_bytes)
+    assert len(c.cache_type_notes()) == notes
+
+
+def test_unknown_cache_type_names_the_flag():
+    with pytest.raises(SettingsError, match=r"-ctv/--cache-type-v.*f32, f16"):
+        ContextSettings(cache_type_v="q2_k")

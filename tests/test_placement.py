@@ -559,3 +559,15 @@ def test_placement_and_plan_command_modules_do_not_import_torch():
     code = ("import sys, hybridmoe.placement, hybridmoe.placement.report, hybridmoe.commands.plan; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_cli_plan_takes_the_cache_type_flags(sparse_files, capsys):
+    # -ctk/-ctv fix the cache as --kv-bytes does; --kv-bytes wins when both are given.
+    f = sparse_files["120b"]
+    got = {}
+    for extra in ((), ("-ctk", "f16", "-ctv", "f16"), ("-ctk", "q8_0"), ("-ctk", "f16", "--kv-bytes", "4")):
+        rc, out, err = _run_cli(capsys, f, "--cpu-moe", "-c", "4096", "-np", "1", "--vram-budget", "40", "--json",
+                                *extra)
+        assert rc == 0, err
+        got[extra] = json.loads(out)["options"]["kv_dtype_bytes"]
+    assert list(got.values()) == [4.0, 2.0, 2.0, 4.0]

@@ -52,10 +52,10 @@ def test_unknown_llama_flags_are_kept_not_fatal():
 
 
 def test_unknown_short_flags_do_not_split_into_ours():
-    # argparse alone would read `-ctk q8_0` as `-c tk` and `-tb 8` as `-t b`.
-    args = parse(["-ctk", "q8_0", "-tb", "8", "-cb", "-c", "4096", "-t", "2", "-kvu"])
-    assert (args.ctx_size, args.threads) == (4096, 2)
-    assert args.unknown_flags == ["-ctk", "q8_0", "-tb", "8", "-cb", "-kvu"]
+    # argparse alone would read `-ctkd q8_0` as `-c tkd` and `-tb 8` as `-t b`; -ctk is ours.
+    args = parse(["-ctkd", "q8_0", "-ctk", "q8_0", "-tb", "8", "-cb", "-c", "4096", "-t", "2", "-kvu"])
+    assert (args.ctx_size, args.threads, args.cache_type_k) == (4096, 2, "q8_0")
+    assert args.unknown_flags == ["-ctkd", "q8_0", "-tb", "8", "-cb", "-kvu"]
 
 
 def test_repeatable_flags_and_placement():

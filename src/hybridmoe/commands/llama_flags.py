@@ -24,7 +24,7 @@ _NO_VALUE = """
 """
 
 _ONE_VALUE = """
--ctk --cache-type-k -ctv --cache-type-v -ctkd --cache-type-k-draft -ctvd --cache-type-v-draft
+-ctkd --cache-type-k-draft -ctvd --cache-type-v-draft
 -tb --threads-batch -C --cpu-mask -Cr --cpu-range --cpu-strict --prio --poll -Cb --cpu-mask-batch
 -Crb --cpu-range-batch --cpu-strict-batch --prio-batch --poll-batch -dev --device -ts --tensor-split
 -sm --split-mode -mg --main-gpu --numa -to --timeout --threads-http --cache-reuse -dt --defrag-thold

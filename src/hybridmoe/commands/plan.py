@@ -50,7 +50,7 @@ def options_from_args(args: argparse.Namespace) -> PlacementOptions:
     return PlacementOptions(
         PlacementSettings.from_args(args), ctx_size=context.ctx_size,
         n_parallel=ParallelSettings.from_args(args).n_parallel, batch_size=context.step_tokens,
-        kv_dtype_bytes=args.kv_bytes, fast_math=args.fast_math)
+        kv_dtype_bytes=args.kv_bytes if args.kv_bytes is not None else context.kv_bytes, fast_math=args.fast_math)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -58,8 +58,8 @@ class GenerationResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def _placement(model_file: Any, placement: PlacementSettings, ctx_size: int, n_parallel: int,
-               batch_size: int, fast_math: bool) -> Any:
+def _placement(model_file: Any, placement: PlacementSettings, context: ContextSettings, n_parallel: int,
+               fast_math: bool) -> Any:
     """Build the placement plan from llama.cpp-style settings, before any weight is loaded.
 
     Returns None (everything on the CPU) when there is no CUDA device. With CUDA, the default
@@ -77,8 +77,8 @@ def _placement(model_file: Any, placement: PlacementSettings, ctx_size: int, n_p
     from hybridmoe.placement.report import format_plan
 
     cfg = GptOssConfig.from_metadata(model_file.metadata, model_file.path)
-    options = PlacementOptions(placement, ctx_size=ctx_size, n_parallel=n_parallel, batch_size=batch_size,
-                               fast_math=fast_math)
+    options = PlacementOptions(placement, ctx_size=context.ctx_size, n_parallel=n_parallel,
+                               batch_size=context.step_tokens, kv_dtype_bytes=context.kv_bytes, fast_math=fast_math)
     plan = make_plan(cfg, model_file.tensors, options)
     log.info("placement plan:\n%s", format_plan(plan))
     check_fits(plan, resolve_vram_budget(placement), available_ram_bytes())
@@ -142,7 +142,11 @@ class LLM:
         except (ValueError, TypeError) as e:  # a damaged tokenizer array: name the file
             raise GGUFError(f"{self.path}: {e}") from None
         ctx_size = context.ctx_size
-        plan = _placement(self.file, placement, ctx_size, n_parallel, context.step_tokens, compute.fast_math)
+        for note in context.cache_type_notes():
+            log.warning("%s", note)
+        plan = _placement(self.file, placement, context, n_parallel, compute.fast_math)
+        if plan is None and context.kv_bytes == 2:
+            log.warning("-ctk/-ctv: no GPU, so the cache stays f32 (what the CPU decode kernel reads)")
         if plan is None:  # CPU: the KV cache is float32 in RAM; the plan checks it on devices
             ctx_size = _cpu_context(self.file, ctx_size, n_parallel)
         # fast math: int8 activations in this model's kernel calls (~5e-3 relative error per

@@ -8,29 +8,51 @@ from dataclasses import dataclass
 
 from hybridmoe.settings.values import require
 
+# llama.cpp's -ctk/-ctv types. The cache here holds f32 or f16; the others are kept as f16.
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
 
 @dataclass(frozen=True)
 class ContextSettings:
     """ctx_size (-c): total context in tokens, split across the parallel sequences; 0 = the model's.
     batch_size (-b) / ubatch_size (-ub): llama.cpp's logical and physical batch; a forward step
-    feeds at most `step_tokens` prompt tokens (the physical batch bounds one computation)."""
+    feeds at most `step_tokens` prompt tokens (the physical batch bounds one computation).
+    cache_type_k / cache_type_v (-ctk / -ctv): the GPU KV cache's type; None = the plan's choice
+    (f32 when it fits the VRAM budget). One dtype holds K and V: the more precise one asked for."""
 
     ctx_size: int = 0
     batch_size: int = 2048
     ubatch_size: int = 512
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
 
     def __post_init__(self) -> None:
         require(self.ctx_size >= 0, "-c/--ctx-size", "be >= 0 (0 = the model's)", self.ctx_size)
         require(self.batch_size >= 1, "-b/--batch-size", "be >= 1", self.batch_size)
         require(self.ubatch_size >= 1, "-ub/--ubatch-size", "be >= 1", self.ubatch_size)
+        for flag, value in (("-ctk/--cache-type-k", self.cache_type_k), ("-ctv/--cache-type-v", self.cache_type_v)):
+            require(value is None or value in CACHE_TYPES, flag, f"be one of {', '.join(CACHE_TYPES)}", value)
 
     @property
     def step_tokens(self) -> int:
         return min(self.batch_size, self.ubatch_size)
 
+    @property
+    def kv_bytes(self) -> float | None:
+        """Bytes per cached value that -ctk/-ctv ask for (4 = f32, 2 = f16); None: not given."""
+        asked = [t for t in (self.cache_type_k, self.cache_type_v) if t is not None]
+        return max((4.0 if t == "f32" else 2.0) for t in asked) if asked else None
+
+    def cache_type_notes(self) -> list[str]:
+        """What the cache does differently from what -ctk/-ctv name (said once at load)."""
+        return [f"{flag} {t}: kept as f16 (the cache holds f32 or f16)"
+                for flag, t in (("-ctk", self.cache_type_k), ("-ctv", self.cache_type_v))
+                if t is not None and t not in ("f32", "f16")]
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ContextSettings:
-        return cls(ctx_size=args.ctx_size, batch_size=args.batch_size, ubatch_size=args.ubatch_size)
+        return cls(ctx_size=args.ctx_size, batch_size=args.batch_size, ubatch_size=args.ubatch_size,
+                   cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v)
 
 
 def add_context_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -43,6 +65,11 @@ def add_context_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
                        help="logical batch: most prompt tokens per step"),
         g.add_argument("-ub", "--ubatch-size", type=int, default=d.ubatch_size,
                        help="physical batch; a step feeds min(-b, -ub) prompt tokens"),
+        g.add_argument("-ctk", "--cache-type-k", default=d.cache_type_k, metavar="TYPE",
+                       help="GPU KV cache type: f32 or f16 (bf16 and quantized types are kept as f16); default: "
+                            "f32 when it fits the VRAM budget, else f16"),
+        g.add_argument("-ctv", "--cache-type-v", default=d.cache_type_v, metavar="TYPE",
+                       help="as -ctk, for V; one dtype holds both, the more precise of the two"),
     ]
 
 
