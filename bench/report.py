@@ -56,6 +56,9 @@ BENCHES = {
                          "Does one request's huge schema stall the other slot?"),
     "gpu_check": ("GPU placements", "bench/gpu_check.py",
                   "GPU logits vs CPU logits, then pp512 / tg128 and peak VRAM per placement."),
+    "gpu_profile": ("Where a decode step's time goes, per placement", "bench/gpu_profile.py",
+                    "Greedy one-token decode steps after a 512-token prompt; torch.profiler counts of kernel "
+                    "launches and host syncs per step."),
 }
 
 # Display names of the vs_llamacpp metrics.
