@@ -21,7 +21,7 @@ from hybridmoe.models.experts_cpu import StagedExperts
 from hybridmoe.models.experts_streamed import ExpertStreamer, StreamCost, StreamedExperts
 from hybridmoe.models.gpt_oss import SWIGLU_ALPHA, SWIGLU_LIMIT, GptOss, SeqChunk, tensor_names
 from hybridmoe.models.model_buffers import ModelBuffers
-from hybridmoe.models.weights import DenseLinear, SeparateQKV
+from hybridmoe.models.weights import DenseLinear, SeparateQKV, StackedQKV, qkv_projection
 from hybridmoe.placement.expert_backends import (
     CPU_KERNELS,
     RESIDENT,
@@ -205,6 +205,23 @@ def test_dense_modes_match_the_kernel(tiny_gguf, monkeypatch, dtype, kernel, tol
     assert rel_err(y, ref) < tol
 
 
+@pytest.mark.parametrize("dtype,kernel", [("f32", True), ("stored", False), ("bf16", True)])
+def test_device_qkv_is_one_stacked_matrix(tiny_gguf, dtype, kernel):
+    # Held alike on a device, q, k and v become one matrix (one matmul launch): same outputs.
+    mf = open_model(tiny_gguf)
+    n = tensor_names(GptOss(mf).config, 1)
+    parts = [DenseLinear(mf, n[p], n[p + "_bias"], torch.device("cpu"), dtype, kernel=kernel) for p in "qkv"]
+    qkv = qkv_projection(*parts, kernels.Activations.FP32)
+    assert isinstance(qkv, StackedQKV) and qkv.linear.name == "+".join(n[p] for p in "qkv")
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    ref = SeparateQKV(*parts)(x)
+    got = qkv(x)
+    assert got.shape == ref.shape and rel_err(got, ref) < 1e-6
+    # Mixed modes stay separate.
+    other = DenseLinear(mf, n["v"], n["v_bias"], torch.device("cpu"), "f16")
+    assert isinstance(qkv_projection(parts[0], parts[1], other, kernels.Activations.FP32), SeparateQKV)
+
+
 def test_dense_rejects_unknown_dtype(tiny_gguf):
     with pytest.raises(ValueError, match="dense dtype"):
         DenseLinear(open_model(tiny_gguf), "output.weight", None, torch.device("cpu"), "int4")
@@ -248,7 +265,7 @@ def _dense_swap(mf, model: GptOss, layers: list[int], dtype: str, kernel: bool =
         n = tensor_names(model.config, i)
         attn = model.layers[i].attention
         q, k, v, o = (DenseLinear(mf, n[p], n[p + "_bias"], attn.device, dtype, kernel=kernel) for p in "qkvo")
-        attn.qkv, attn.o = SeparateQKV(q, k, v), o
+        attn.qkv, attn.o = qkv_projection(q, k, v, kernels.Activations.FP32), o
 
 
 @pytest.fixture(scope="module")
@@ -272,8 +289,8 @@ def test_split_placement_logits_match_all_cpu(tiny_pair):
     got = _logits(model, ids)
     assert model.expert_backends == [RESIDENT, STAGED, STREAMED, CPU_KERNELS]
     assert streamed.last_path == "streamed"
-    assert model.layers[2].attention.qkv.q.raw_dev is not None
-    assert model.layers[0].attention.qkv.q.weight is not None
+    assert model.layers[2].attention.qkv.linear.raw_dev is not None
+    assert model.layers[0].attention.qkv.linear.weight is not None
     assert rel_err(got, ref) < FP32_TOL
     # Decode steps (one token at a time) through the same split model.
     cache_a, cache_b = model.make_cache(40), GptOss(mf).make_cache(40)

@@ -94,7 +94,7 @@ def test_buffers_are_per_model_and_freed_with_it(tiny_gguf):
     assert a.buffers is not b.buffers
     routes = [v for v in a.buffers._items.values() if isinstance(v, RouteBuffers)]
     assert len(routes) == 1 and len(a.buffers) >= 3  # route buffers, upload buffers, device sync
-    gone = [weakref.ref(a), weakref.ref(a.buffers), weakref.ref(routes[0].x)]
+    gone = [weakref.ref(a), weakref.ref(a.buffers), weakref.ref(routes[0].packed)]
     del a, routes
     gc.collect()
     assert all(r() is None for r in gone)

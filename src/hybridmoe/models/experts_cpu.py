@@ -35,7 +35,8 @@ class CpuExperts:
 
 
 class RouteBuffers:
-    """Host x / ids / weights / out buffers (pinned for CUDA), grown to the largest batch."""
+    """Host buffers (pinned for CUDA), grown to the largest batch: `packed` rows hold x, the routing
+    weights and the int64 expert ids bit for bit (one copy from the device), `out` the result."""
 
     def __init__(self, hidden: int, k: int, sync: DeviceSync):
         self.hidden, self.k = hidden, k
@@ -48,9 +49,7 @@ class RouteBuffers:
             return
         self.sync.host_wait(self.out_free)  # no copy may still read the buffer being replaced
         cap = 1 << max(0, T - 1).bit_length()
-        self.x = self.sync.pinned((cap, self.hidden), torch.float32)
-        self.ids = self.sync.pinned((cap, self.k), torch.int32)
-        self.wts = self.sync.pinned((cap, self.k), torch.float32)
+        self.packed = self.sync.pinned((cap, self.hidden + 3 * self.k), torch.float32)
         self.out = self.sync.pinned((cap, self.hidden), torch.float32)
         self.capacity, self.out_free = cap, None
 
@@ -68,18 +67,36 @@ class StagedExperts:
         self.buffers = buffers
         self.sync = buffers.sync(self.device)
 
-    def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """h [T, H], weights [T, k] on `device`; ids [T, k] int anywhere -> [T, H] float32 on `device`."""
-        T, k = ids.shape
-        sync, H = self.sync, self.hidden
+    def _buffers(self, T: int, k: int) -> RouteBuffers:
+        H, sync = self.hidden, self.sync
         buf = self.buffers.shared(("route", self.device, H, k), lambda: RouteBuffers(H, k, sync))
         buf.grow(T)
-        x, i, w = buf.x[:T], buf.ids[:T], buf.wts[:T]
-        x.copy_(h, non_blocking=True)
-        i.copy_(ids, non_blocking=True)
-        w.copy_(weights, non_blocking=True)
-        sync.host_wait_current()  # the device-to-host copies landed before the CPU reads them
-        y = self.cpu(x, i, w)
+        return buf
+
+    def fetch(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h [T, H], weights [T, k] float and ids [T, k] int on `device` -> the same on the host
+        (x, int64 ids, weights), through one packed copy and one wait (each a launch or a sync
+        on an accelerator)."""
+        T, k = ids.shape
+        H = self.hidden
+        buf = self._buffers(T, k)
+        packed = torch.cat((h.float(), weights.float(), ids.to(torch.int64).contiguous().view(torch.float32)), dim=1)
+        host = buf.packed[:T]
+        host.copy_(packed, non_blocking=True)
+        self.sync.host_wait_current()  # the device-to-host copy landed before the CPU reads it
+        return host[:, :H], host[:, H + k :].contiguous().view(torch.int64), host[:, H : H + k]
+
+    def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """h [T, H], weights [T, k] and ids [T, k] int on `device` -> [T, H] float32 on `device`."""
+        return self.compute(*self.fetch(h, ids, weights))
+
+    def compute(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, H], ids, weights [T, k] on the host (fetch's) -> [T, H] float32 on `device`."""
+        T, k = ids.shape
+        H, sync = self.hidden, self.sync
+        buf = self._buffers(T, k)
+        y = self.cpu(x, ids, weights)
         sync.host_wait(buf.out_free)  # the previous layer's upload out of `out` is done
         buf.out[:T].copy_(y)
         res = torch.empty((T, H), dtype=torch.float32, device=self.device)

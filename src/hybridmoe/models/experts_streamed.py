@@ -198,9 +198,11 @@ class StreamedExperts:
         return stream
 
     def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        ids_host = ids.to("cpu", torch.int32)  # small; the decision and the CPU kernels need it
+        # One packed copy brings x, ids and weights to the host: the decision and the CPU kernels
+        # need the ids there, and for a batch that streams the extra x bytes are small.
+        x_host, ids_host, w_host = self.staged.fetch(h, ids, weights)
         if self.worth_streaming(ids_host):
             self.last_path = "streamed"
             return self.streamer(h.float(), ids_host, weights.float())
         self.last_path = "staged"
-        return self.staged(h.float(), ids_host, weights.float())
+        return self.staged.compute(x_host, ids_host, w_host)

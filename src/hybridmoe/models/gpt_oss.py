@@ -91,16 +91,15 @@ class AttentionBlock:
         self.qkv = qkv_projection(q, k, v, load.act)
         self.o = load.dense(names["o"], names["o_bias"])
         window = cfg.sliding_window if cfg.layer_is_sliding(i) else None
-        self.attend = pick_attention(i, self.device, kv_dtype, load.f32(names["sinks"]),
+        self.attend = pick_attention(i, self.device, kv_dtype, cfg.n_heads, load.f32(names["sinks"]),
                                      1.0 / math.sqrt(cfg.head_dim), window)
 
     def __call__(self, x: torch.Tensor, step: StepBatch) -> torch.Tensor:
         cfg = self.cfg
         x = x.to(self.device)
         N = x.shape[0]
-        q, k, v = self.qkv(rms_norm(x, self.norm, cfg.rms_eps))
-        out = self.attend(q.view(N, cfg.n_heads, cfg.head_dim), k.view(N, cfg.n_kv_heads, cfg.head_dim),
-                          v.view(N, cfg.n_kv_heads, cfg.head_dim), step)
+        qkv = self.qkv(rms_norm(x, self.norm, cfg.rms_eps))  # [N, (Hq + 2 Hkv) d]
+        out = self.attend(qkv.view(N, cfg.n_heads + 2 * cfg.n_kv_heads, cfg.head_dim), step)
         return x + self.o(out.view(N, cfg.n_heads * cfg.head_dim))
 
 
@@ -121,7 +120,7 @@ class MoEBlock:
         h = rms_norm(x, self.norm, self.cfg.rms_eps)
         logits = torch.nn.functional.linear(h, self.router_w, self.router_b)
         vals, idx = torch.topk(logits, self.cfg.n_experts_used, dim=-1)
-        return x + self.experts(h, idx.to(torch.int32), torch.softmax(vals, dim=-1))
+        return x + self.experts(h, idx, torch.softmax(vals, dim=-1))  # idx int64: no conversion launch
 
 
 class TransformerBlock:

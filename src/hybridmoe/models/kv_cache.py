@@ -59,6 +59,7 @@ class SequenceKVCache:
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
         self._pos: list[torch.Tensor | None] = []  # ring layers: absolute position per row (-1 empty)
+        self._arange: dict[torch.device, torch.Tensor] = {}
         ring = min(max_ctx, layout.window + layout.slack)
         for layer in range(layout.n_layers):
             rows = ring if layout.sliding[layer] else max_ctx
@@ -96,15 +97,22 @@ class SequenceKVCache:
         K, V, P = self._k[layer], self._v[layer], self._pos[layer]
         k_new = k_new.transpose(0, 1).to(K.dtype)
         v_new = v_new.transpose(0, 1).to(V.dtype)
+        positions = self._positions(K.device)
         if P is None:
             K[:, pos0 : pos0 + T] = k_new
             V[:, pos0 : pos0 + T] = v_new
-            return K[:, : pos0 + T], V[:, : pos0 + T], torch.arange(pos0 + T, device=K.device)
+            return K[:, : pos0 + T], V[:, : pos0 + T], positions[: pos0 + T]
         rows = P.shape[0]
         # (Ring entries at or past pos0 cannot exist: truncate() hides a rolled-back future.)
-        new_pos = torch.arange(pos0, pos0 + T, device=K.device)
+        new_pos = positions[pos0 : pos0 + T]
         if T <= rows - self.layout.window + 1:
             # Writing first overwrites nothing the chunk's first query still needs: attend the ring.
+            r0 = pos0 % rows
+            if r0 + T <= rows:  # no wrap: slices (on an accelerator, no index tensors to launch)
+                K[:, r0 : r0 + T] = k_new
+                V[:, r0 : r0 + T] = v_new
+                P[r0 : r0 + T] = new_pos
+                return K, V, P
             idx = new_pos % rows
             K[:, idx] = k_new
             V[:, idx] = v_new
@@ -119,6 +127,12 @@ class SequenceKVCache:
         V[:, idx] = v_new[:, T - keep :]
         P[idx] = new_pos[T - keep :]
         return k_all, v_all, pos_all
+
+    def _positions(self, device: torch.device) -> torch.Tensor:
+        """0..max_ctx-1 on `device`, made once per cache: position ranges become views."""
+        if device not in self._arange:
+            self._arange[device] = torch.arange(self.max_ctx, device=device)
+        return self._arange[device]
 
     def decode_row(self, layer: int, pos: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int, int]:
         """Where one new token at `pos` goes, for the in-place decode kernel (kernels.attn_decode).

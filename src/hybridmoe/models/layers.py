@@ -90,6 +90,7 @@ def attention_with_sinks(
     window: int | None,
     q_block: int = 256,
     keys_in_order: bool = False,
+    first_pos: int | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention with one learned, unscaled sink logit per query head.
 
@@ -99,50 +100,71 @@ def attention_with_sinks(
     out = softmax-attention(q, k, v) * sigmoid(lse - sink), with lse the log-sum-exp of the
     scaled scores. Queries are processed in blocks to bound mask/score memory.
     keys_in_order: k_pos is 0..S-1 and the last query sits at S-1 (a full layer's cache).
+    first_pos: q_pos[0] as a host int, when known: a one-query block then builds its mask from a
+    scalar (no cache holds a position past the query: truncate() hides a rolled-back future).
     """
     T, Hq, d = q.shape
     Hkv, S, _ = k.shape
     g = Hq // Hkv
     sink = sinks.float().view(Hkv, g, 1)
-    out = torch.empty((T, Hq, d), dtype=q.dtype, device=q.device)
-    valid = k_pos >= 0
+    blocks = []
     for t0 in range(0, T, q_block):
         t1 = min(T, t0 + q_block)
         n = t1 - t0
-        if n == 1 and window is None and keys_in_order:
-            allowed = None  # one query after a contiguous prefix: every key is visible
-        else:
-            qp = q_pos[t0:t1, None]
-            allowed = (k_pos[None, :] <= qp) & valid[None, :]
-            if window is not None:
-                allowed &= k_pos[None, :] > qp - window
+        hidden = _hidden_keys(q_pos, k_pos, t0, t1, window, keys_in_order, first_pos)
         # GQA without copying K/V: the g query heads of a KV head become g*n query rows.
         qb = q[t0:t1].view(n, Hkv, g, d).permute(1, 2, 0, 3).reshape(Hkv, g * n, d)
-        ob, lse = _attend(qb, k, v, allowed, g, scale)
-        ob = ob.view(Hkv, g, n, d) * torch.sigmoid(lse.view(Hkv, g, n) - sink)[..., None]
-        out[t0:t1] = ob.permute(2, 0, 1, 3).reshape(n, Hq, d).to(q.dtype)
-    return out
+        ob = _attend(qb, k, v, hidden, g, n, scale, sink)
+        blocks.append(ob.view(Hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, Hq, d).to(q.dtype))
+    # contiguous: the caller views it as [T, Hq * d] (a copy only where the layout needs one)
+    return blocks[0].contiguous() if len(blocks) == 1 else torch.cat(blocks)
 
 
-def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, g: int, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain softmax attention returning (out [Hkv, R, d], lse [Hkv, R]); R = g * n query rows.
-    allowed: [n, S] visibility, or None when every key is visible."""
+def _hidden_keys(q_pos: torch.Tensor, k_pos: torch.Tensor, t0: int, t1: int, window: int | None,
+                 keys_in_order: bool, first_pos: int | None) -> torch.Tensor | None:
+    """[n, S] True where query t0+i must not see key j (causality, window, empty rows); None
+    when every key is visible. Built with as few device ops as the case allows."""
+    if t1 - t0 == 1 and first_pos is not None:
+        if window is None and keys_in_order:
+            return None  # one query after a contiguous prefix: every key is visible
+        p = first_pos + t0
+        low = max(p - window, -1) if window is not None else -1
+        return (k_pos <= low)[None, :]  # every cached position is <= p
+    qp = q_pos[t0:t1, None]
+    hidden = (k_pos[None, :] > qp) | (k_pos[None, :] < 0)
+    if window is not None:
+        hidden |= k_pos[None, :] <= qp - window
+    return hidden
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor | None, g: int, n: int,
+            scale: float, sink: torch.Tensor) -> torch.Tensor:
+    """Softmax attention with the sink column for R = g * n query rows: q [Hkv, R, d] -> [Hkv, R, d].
+    hidden: [n, S] masked keys, or None; sink: [Hkv, g, 1] logits."""
     if q.device.type == "cpu":
         # One fused op on the CPU (flash kernel): no [heads, n, S] score tensor, and it returns
         # the log-sum-exp the sink correction needs.
         mask = None
-        if allowed is not None and not bool(allowed.all()):
-            mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
-            mask = mask.repeat(g, 1)
+        if hidden is not None and bool(hidden.any()):
+            mask = torch.zeros(hidden.shape, dtype=q.dtype).masked_fill_(hidden, float("-inf")).repeat(g, 1)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q[None], k[None].to(q.dtype), v[None].to(q.dtype), 0.0, False, attn_mask=mask, scale=scale
         )
-        return out[0], lse[0]
-    scores = torch.matmul(q, k.transpose(1, 2).to(q.dtype)) * scale
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed.repeat(g, 1)[None], float("-inf"))
-    lse = torch.logsumexp(scores.float(), dim=-1)
-    p = torch.exp(scores.float() - lse[..., None]).to(v.dtype)
-    return torch.matmul(p, v), lse
+        Hkv, R, _ = q.shape
+        return out[0] * torch.sigmoid(lse[0].view(Hkv, g, n) - sink).view(Hkv, R, 1)
+    return attend_sink_column(q, k, v, hidden, g, n, scale, sink)
+
+
+def attend_sink_column(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor | None, g: int,
+                       n: int, scale: float, sink: torch.Tensor) -> torch.Tensor:
+    """_attend in plain torch ops, few of them (each is a kernel launch on an accelerator): the
+    sink is one more logit column of the softmax, whose probability multiplies no value."""
+    Hkv, R, _ = q.shape
+    S = k.shape[1]
+    scores = torch.cat((torch.matmul(q * scale, k.transpose(1, 2).to(q.dtype)),
+                        sink.expand(Hkv, g, n).reshape(Hkv, R, 1).to(q.dtype)), dim=-1)
+    if hidden is not None:
+        # rows are (head in group, query): one query's mask broadcasts, several repeat per head
+        scores[..., :S].masked_fill_((hidden if n == 1 else hidden.repeat(g, 1))[None], float("-inf"))
+    p = torch.softmax(scores.float(), dim=-1)[..., :S]
+    return torch.matmul(p.to(v.dtype), v).to(q.dtype)

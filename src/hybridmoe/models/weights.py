@@ -11,6 +11,8 @@ Routed experts have their own backends (expert_backends).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -136,6 +138,33 @@ class DenseLinear:
             y = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).float()
         return y + self.bias if self.bias is not None else y
 
+    def can_stack(self, other: "DenseLinear") -> bool:
+        """Whether `other`'s rows can join this matrix's (same device, mode, dtype or block type,
+        input size; biases on both or neither). The C kernel's mmap'd weights are never stacked."""
+        if self.raw is not None or other.raw is not None or (self.bias is None) != (other.bias is None):
+            return False
+        if self.weight is not None and other.weight is not None:
+            w, o = self.weight, other.weight
+            return w.device == o.device and w.dtype == o.dtype and w.shape[1:] == o.shape[1:]
+        if self.raw_dev is not None and other.raw_dev is not None:
+            w, o = self.raw_dev, other.raw_dev
+            return (w.device == o.device and self.ggml_type == other.ggml_type and w.shape[1:] == o.shape[1:]
+                    and self.compute_dtype == other.compute_dtype)
+        return False
+
+    def stacked(self, others: list["DenseLinear"]) -> "DenseLinear":
+        """A DenseLinear computing this one's outputs then each of `others`' (see can_stack)."""
+        out = copy.copy(self)
+        parts = [self, *others]
+        out.name = "+".join(p.name for p in parts)
+        if self.weight is not None:
+            out.weight = torch.cat([p.weight for p in parts])
+        else:
+            out.raw_dev = torch.cat([p.raw_dev for p in parts])
+        if self.bias is not None:
+            out.bias = torch.cat([p.bias for p in parts])
+        return out
+
     def _stored_matmul(self, x: torch.Tensor) -> torch.Tensor:
         n = self.raw_dev.shape[0]
         xc = x.to(self.compute_dtype)
@@ -154,23 +183,38 @@ class FusedQKV:
         self.group = kernels.LinearGroup([p.raw for p in (q, k, v)], [p.bias for p in (q, k, v)], q.ggml_type,
                                          act=act)
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(torch.split(self.group(x), self.group.sizes, dim=1))
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, q + k + v outputs]."""
+        return self.group(x)
+
+
+class StackedQKV:
+    """q, k and v as one DenseLinear of their stacked rows (on an accelerator: one matmul launch
+    instead of three)."""
+
+    def __init__(self, q: DenseLinear, k: DenseLinear, v: DenseLinear):
+        self.linear = q.stacked([k, v])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
 
 
 class SeparateQKV:
-    """q, k and v as three DenseLinears (converted, stored on a device, or of mixed types)."""
+    """q, k and v as three DenseLinears (mixed types or modes), outputs side by side."""
 
     def __init__(self, q: DenseLinear, k: DenseLinear, v: DenseLinear):
         self.q, self.k, self.v = q, k, v
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.q(x), self.k(x), self.v(x)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat((self.q(x), self.k(x), self.v(x)), dim=1)
 
 
 def qkv_projection(q: DenseLinear, k: DenseLinear, v: DenseLinear,
-                   act: kernels.Activations) -> FusedQKV | SeparateQKV:
-    """One kernel call when all three are mmap'd for the C kernel in the same type, else three."""
+                   act: kernels.Activations) -> FusedQKV | StackedQKV | SeparateQKV:
+    """One kernel call when all three are mmap'd for the C kernel in the same type; one stacked
+    matrix when all three are held alike on a device; else three."""
     if all(p.raw is not None and p.ggml_type == q.ggml_type for p in (q, k, v)):
         return FusedQKV(q, k, v, act)
+    if all(p.can_stack(q) for p in (k, v)):
+        return StackedQKV(q, k, v)
     return SeparateQKV(q, k, v)
