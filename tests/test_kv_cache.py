@@ -112,3 +112,37 @@ def test_context_overflow_is_an_error(tiny_llm):
 
     with pytest.raises(ValueError, match="context"):
         tiny_llm.model.forward([SeqChunk(cache, list(range(9)))])
+
+
+def test_half_precision_cache_holds_the_rounded_values_on_every_write_path():
+    # An f16 cache (a GPU's under --fast-math) fed float32 keys: the slice writes (full layer,
+    # ring without wrap), the wrapped ring write and a chunk longer than the free ring all store
+    # k.half(), with the right positions.
+    from hybridmoe.models.kv_cache import CacheLayout, SequenceKVCache
+
+    W, slack, Hkv, d = 8, 4, 2, 4
+    layout = CacheLayout(n_layers=2, sliding=(True, False), n_kv_heads=Hkv, head_dim=d, window=W,
+                         devices=(torch.device("cpu"),) * 2, dtype=torch.float16, slack=slack)
+    cache = SequenceKVCache(layout, 64)
+    gen = torch.Generator().manual_seed(0)
+    rows = W + slack
+    seen: dict[int, torch.Tensor] = {}
+    for T in (5, 3, 1, 1, 4, 1, 9, 1):  # the 9-token chunk exceeds rows - W + 1: the cat path
+        k = torch.randn(T, Hkv, d, generator=gen) * 3
+        pos0 = cache.length
+        for p in range(T):
+            seen[pos0 + p] = k[p]
+        for layer in (0, 1):
+            K, V, P = cache.update(layer, k, -k, pos0)
+            assert K.dtype == V.dtype == torch.float16
+            for j in range(K.shape[1]):
+                p = int(P[j])
+                if p >= 0:
+                    assert torch.equal(K[:, j], seen[p].half()) and torch.equal(V[:, j], (-seen[p]).half())
+        cache.advance(T)
+    ring_k, _, ring_p = cache._k[0], cache._v[0], cache._pos[0]
+    assert sorted(int(p) for p in ring_p) == list(range(cache.length - rows, cache.length))
+    for j in range(rows):
+        assert torch.equal(ring_k[:, j], seen[int(ring_p[j])].half())
+    full = cache._k[1][:, : cache.length]
+    assert torch.equal(full, torch.stack([seen[p] for p in range(cache.length)], dim=1).half())

@@ -95,8 +95,8 @@ class SequenceKVCache:
         if pos0 + T > self.max_ctx:
             raise ValueError(f"context overflow: {pos0 + T} tokens > context size {self.max_ctx}")
         K, V, P = self._k[layer], self._v[layer], self._pos[layer]
-        k_new = k_new.transpose(0, 1).to(K.dtype)
-        v_new = v_new.transpose(0, 1).to(V.dtype)
+        # Slice writes convert to the cache's dtype in the copy itself (one op, not two).
+        k_new, v_new = k_new.transpose(0, 1), v_new.transpose(0, 1)
         positions = self._positions(K.device)
         if P is None:
             K[:, pos0 : pos0 + T] = k_new
@@ -114,10 +114,11 @@ class SequenceKVCache:
                 P[r0 : r0 + T] = new_pos
                 return K, V, P
             idx = new_pos % rows
-            K[:, idx] = k_new
-            V[:, idx] = v_new
+            K[:, idx] = k_new.to(K.dtype)
+            V[:, idx] = v_new.to(V.dtype)
             P[idx] = new_pos
             return K, V, P
+        k_new, v_new = k_new.to(K.dtype), v_new.to(V.dtype)
         k_all = torch.cat((K, k_new), dim=1)
         v_all = torch.cat((V, v_new), dim=1)
         pos_all = torch.cat((P, new_pos))
