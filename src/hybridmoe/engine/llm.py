@@ -142,11 +142,12 @@ class LLM:
         except (ValueError, TypeError) as e:  # a damaged tokenizer array: name the file
             raise GGUFError(f"{self.path}: {e}") from None
         ctx_size = context.ctx_size
-        for note in context.cache_type_notes():
-            log.warning("%s", note)
         plan = _placement(self.file, placement, context, n_parallel, compute.fast_math)
         if plan is None and context.kv_bytes == 2:
             log.warning("-ctk/-ctv: no GPU, so the cache stays f32 (what the CPU decode kernel reads)")
+        elif plan is not None:
+            for note in context.cache_type_notes():
+                log.warning("%s", note)
         if plan is None:  # CPU: the KV cache is float32 in RAM; the plan checks it on devices
             ctx_size = _cpu_context(self.file, ctx_size, n_parallel)
         # fast math: int8 activations in this model's kernel calls (~5e-3 relative error per
