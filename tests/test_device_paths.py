@@ -21,7 +21,7 @@ from hybridmoe.models.experts_cpu import StagedExperts
 from hybridmoe.models.experts_streamed import ExpertStreamer, StreamCost, StreamedExperts
 from hybridmoe.models.gpt_oss import SWIGLU_ALPHA, SWIGLU_LIMIT, GptOss, SeqChunk, tensor_names
 from hybridmoe.models.model_buffers import ModelBuffers
-from hybridmoe.models.weights import DenseLinear, SeparateQKV, StackedQKV, qkv_projection
+from hybridmoe.models.weights import DenseLinear, SeparateQKV, qkv_projection
 from hybridmoe.placement.expert_backends import (
     CPU_KERNELS,
     RESIDENT,
@@ -212,7 +212,7 @@ def test_device_qkv_is_one_stacked_matrix(tiny_gguf, dtype, kernel):
     n = tensor_names(GptOss(mf).config, 1)
     parts = [DenseLinear(mf, n[p], n[p + "_bias"], torch.device("cpu"), dtype, kernel=kernel) for p in "qkv"]
     qkv = qkv_projection(*parts, kernels.Activations.FP32)
-    assert isinstance(qkv, StackedQKV) and qkv.linear.name == "+".join(n[p] for p in "qkv")
+    assert isinstance(qkv, DenseLinear) and qkv.name == "+".join(n[p] for p in "qkv")
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
     ref = SeparateQKV(*parts)(x)
     got = qkv(x)
@@ -289,8 +289,8 @@ def test_split_placement_logits_match_all_cpu(tiny_pair):
     got = _logits(model, ids)
     assert model.expert_backends == [RESIDENT, STAGED, STREAMED, CPU_KERNELS]
     assert streamed.last_path == "streamed"
-    assert model.layers[2].attention.qkv.linear.raw_dev is not None
-    assert model.layers[0].attention.qkv.linear.weight is not None
+    assert model.layers[2].attention.qkv.raw_dev is not None
+    assert model.layers[0].attention.qkv.weight is not None
     assert rel_err(got, ref) < FP32_TOL
     # Decode steps (one token at a time) through the same split model.
     cache_a, cache_b = model.make_cache(40), GptOss(mf).make_cache(40)

@@ -188,17 +188,6 @@ class FusedQKV:
         return self.group(x)
 
 
-class StackedQKV:
-    """q, k and v as one DenseLinear of their stacked rows (on an accelerator: one matmul launch
-    instead of three)."""
-
-    def __init__(self, q: DenseLinear, k: DenseLinear, v: DenseLinear):
-        self.linear = q.stacked([k, v])
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x)
-
-
 class SeparateQKV:
     """q, k and v as three DenseLinears (mixed types or modes), outputs side by side."""
 
@@ -210,11 +199,11 @@ class SeparateQKV:
 
 
 def qkv_projection(q: DenseLinear, k: DenseLinear, v: DenseLinear,
-                   act: kernels.Activations) -> FusedQKV | StackedQKV | SeparateQKV:
+                   act: kernels.Activations) -> FusedQKV | DenseLinear | SeparateQKV:
     """One kernel call when all three are mmap'd for the C kernel in the same type; one stacked
-    matrix when all three are held alike on a device; else three."""
+    matrix when all three are held alike on a device (one matmul launch); else three."""
     if all(p.raw is not None and p.ggml_type == q.ggml_type for p in (q, k, v)):
         return FusedQKV(q, k, v, act)
     if all(p.can_stack(q) for p in (k, v)):
-        return StackedQKV(q, k, v)
+        return q.stacked([k, v])
     return SeparateQKV(q, k, v)

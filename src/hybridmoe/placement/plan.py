@@ -354,7 +354,7 @@ def _precision_notes(asked: PlacementOptions, chosen: PlacementOptions, why: str
 def _why(candidates: list[PlacementOptions], chosen: PlacementOptions, budget: int | None) -> str:
     if budget is None:
         return "no VRAM budget known"
-    if chosen is candidates[0]:
+    if chosen == candidates[0]:
         return f"fits the {_g(budget)} budget"
     first = candidates[0]
     return (f"{first.placement.gpu_dense_dtype} dense weights with an {_kv_name(first.kv_dtype_bytes)} cache "
