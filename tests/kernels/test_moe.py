@@ -171,6 +171,23 @@ def test_threads_give_identical_results(use_isa, act_mode):
     assert torch.equal(one, two)
 
 
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("T,k", [(1, 4), (3, 2)])
+def test_large_experts_take_long_units(isa, T, k, use_isa, act_mode):
+    """Experts with H, I >= 768 (decode calls cut into 96-row units): close to float64, and the
+    same bits at 1 and 2 threads."""
+    use_isa(isa)
+    rng = np.random.default_rng()
+    ex = make_experts(rng, 4, 800, 768)
+    x = torch.randn(T, 800)
+    ids, w = routing(rng, T, k, 4)
+    K.set_num_threads(1)
+    one = K.moe_forward(x, ids, w, ex, act=act_mode)
+    K.set_num_threads(2)
+    assert torch.equal(one, K.moe_forward(x, ids, w, ex, act=act_mode))
+    assert rel_err(one, moe_reference64(x, ids, w, ex)) < default_tol(MOE_TOL, act_mode)
+
+
 def test_bad_inputs_are_named():
     rng = np.random.default_rng()
     ex = make_experts(rng, 4, H, I)

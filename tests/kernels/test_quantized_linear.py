@@ -152,6 +152,28 @@ def test_linear_group_equals_separate_calls(isa, T, use_isa, act_mode):
         assert rel_err(part, ref) < default_tol(LINEAR_TOL, act_mode)
 
 
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("T", [1, 3])
+def test_long_matrices_take_long_units_with_the_same_bits(isa, T, use_isa, act_mode):
+    """Matrices of >= 768 rows are cut into 96-row GEMV units (shorter ones into 24): still close to
+    float64, bit-identical at 1 and 2 threads and alone or in a group (odd row counts included)."""
+    use_isa(isa)
+    rng = np.random.default_rng()
+    ws = [quantized(rng, n, 256, t) for n, t in ((1001, GGMLType.Q8_0), (768, GGMLType.Q8_0), (95, GGMLType.Q8_0))]
+    x = torch.from_numpy(rng.standard_normal((T, 256), dtype=np.float32))
+    K.set_num_threads(1)
+    one = [K.linear_q8_0(x, w, act=act_mode) for w in ws]
+    K.set_num_threads(2)
+    two = [K.linear_q8_0(x, w, act=act_mode) for w in ws]
+    grouped = torch.split(K.LinearGroup(ws, [None] * 3, GGMLType.Q8_0, act=act_mode)(x), [1001, 768, 95], dim=1)
+    for w, a, b, g in zip(ws, one, two, grouped):
+        assert torch.equal(a, b) and torch.equal(a, g)
+        assert rel_err(a, x.double() @ dequant64(w, GGMLType.Q8_0).T) < default_tol(LINEAR_TOL, act_mode)
+    wm = quantized(rng, 999, 256, GGMLType.MXFP4)
+    ym = K.linear_mxfp4(x, wm, act=act_mode)
+    assert rel_err(ym, x.double() @ dequant64(wm, GGMLType.MXFP4).T) < default_tol(LINEAR_TOL, act_mode)
+
+
 def test_linear_group_bad_input_is_named():
     rng = np.random.default_rng()
     a, b = quantized(rng, 8, 320, GGMLType.Q8_0), quantized(rng, 8, 256, GGMLType.Q8_0)
