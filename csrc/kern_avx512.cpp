@@ -103,6 +103,50 @@ int64_t gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t n
     return r;
 }
 
+// One MXFP4 row against one token with the block scale folded into the LUT: (e - 128) added to the
+// exponent field of LUT2's nonzero entries gives LUT2 * 2^(e-128) exactly for e in [2, 252], so a
+// block costs two FMAs (no product-then-scale). False (row not written) when an exponent leaves
+// that range; the caller then takes the scale-after-sum path.
+struct ScaledLut {
+    int32_t add[256];  // (e - 128) << 23
+    uint8_t bad[256];  // e outside [2, 252]
+    ScaledLut() {
+        for (int e = 0; e < 256; ++e) {
+            add[e] = (e - 128) * (1 << 23);
+            bad[e] = e < 2 || e > 252;
+        }
+    }
+};
+const ScaledLut g_scaled_lut;
+
+inline bool mx_row_scaled_lut(const uint8_t* row, int64_t nb, const float* x, __m512 lut, float* out) {
+    constexpr __mmask16 kNonzero = 0xFEFE;  // LUT2 entries 0 and 8 are zeros
+    const __m512i lut_bits = _mm512_castps_si512(lut);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    unsigned bad = 0;
+    auto step = [&](int64_t b, int slot) HM_ALWAYS_INLINE {
+        const uint8_t* blk = row + b * kMxfp4Bytes;
+        _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
+        bad |= g_scaled_lut.bad[blk[0]];
+        const __m512 ls = _mm512_castsi512_ps(
+            _mm512_maskz_add_epi32(kNonzero, lut_bits, _mm512_set1_epi32(g_scaled_lut.add[blk[0]])));
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + 1)));
+        const float* xb = x + b * kBlockElems;
+        acc[2 * slot] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, ls), _mm512_loadu_ps(xb), acc[2 * slot]);
+        acc[2 * slot + 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), ls),
+                                            _mm512_loadu_ps(xb + 16), acc[2 * slot + 1]);
+    };
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        step(b, 0);
+        step(b + 1, 1);
+    }
+    if (b < nb) step(b, 0);
+    if (bad) return false;
+    *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    return true;
+}
+
 // Rows per pass by token count: two from 3 tokens (measured on Zen 4: faster from there, slower
 // at 2 tokens; 3 or 4 rows no better than 2).
 template <int NT>
@@ -110,7 +154,7 @@ constexpr int rows_per_pass() { return NT >= kPairRowsFromTokens ? 2 : 1; }
 
 // Per block: decoded weights times the activations, then one FMA by the block scale. Even and
 // odd blocks use separate accumulators (explicit unroll keeps them in registers) to hide the
-// FMA latency when NT is 1.
+// FMA latency when NT is 1. One MXFP4 token (decode) folds the scale into the LUT instead.
 template <int FMT, int NT>
 void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs,
             float* out, int64_t ldo) {
@@ -120,6 +164,7 @@ void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, cons
     if constexpr (rows_per_pass<NT>() > 1) r = gemv_rows<FMT, NT, rows_per_pass<NT>()>(w, row_bytes, n_rows, nb, xs, lut, out, ldo);
     for (; r < n_rows; ++r) {
         const uint8_t* row = w + r * row_bytes;
+        if (FMT == kMXFP4 && NT == 1 && mx_row_scaled_lut(row, nb, xs[0], lut, out + r)) continue;
         __m512 acc0[NT], acc1[NT];
         for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
         int64_t b = 0;
