@@ -12,7 +12,13 @@ namespace hm {
 namespace {
 
 constexpr int kPrefetchBytes = 2048;
-constexpr int kPairRowsFromTokens = 3;  // GEMV token counts that take several rows per pass
+constexpr int64_t kGemvChunkFloats = 2048;  // as kern_avx2.cpp: K-chunked activations of 8 KB
+constexpr int64_t kGemvGroupRows = 24;
+constexpr int64_t kGemvWholeBytes = 24 << 10;
+inline void prefetch_row_l2(const uint8_t* row, int64_t row_bytes) {
+    for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char*)row + o, _MM_HINT_T1);
+}
+constexpr int kPairRowsFromTokens = 5;  // GEMV token counts that take several rows per pass
 
 inline __m512 mx_lut() {
     alignas(64) float v[16];
@@ -41,11 +47,11 @@ inline __m512 q8_scale(const uint8_t* blk) {
 void prep_x(int, const float* x, float* xp, int64_t K) { std::memcpy(xp, x, K * sizeof(float)); }
 
 // One block of one row against NT activation rows, accumulated into acc[NT].
-template <int FMT, int NT>
+template <int FMT, int NT, bool kPrefetch = true>
 inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, __m512 lut, __m512* acc) {
     constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
     const uint8_t* blk = row + b * bb;
-    _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
+    if (kPrefetch) _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
     __m512 lo, hi, d;
     if (FMT == kMXFP4) {
         mx_decode(blk, lut, lo, hi);
@@ -147,8 +153,8 @@ inline bool mx_row_scaled_lut(const uint8_t* row, int64_t nb, const float* x, __
     return true;
 }
 
-// Rows per pass by token count: two from 3 tokens (measured on Zen 4: faster from there, slower
-// at 2 tokens; 3 or 4 rows no better than 2).
+// Rows per pass by token count: two from 5 tokens (Zen 4, Q8_0 head: at 3-4 tokens one row per
+// pass over L1-sized K chunks is 1.2-1.3x faster, from 6 tokens two rows are; 3 or 4 rows no better).
 template <int NT>
 constexpr int rows_per_pass() { return NT >= kPairRowsFromTokens ? 2 : 1; }
 
@@ -162,18 +168,55 @@ void gemv_t(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, cons
     const __m512 lut = mx_lut();
     int64_t r = 0;
     if constexpr (rows_per_pass<NT>() > 1) r = gemv_rows<FMT, NT, rows_per_pass<NT>()>(w, row_bytes, n_rows, nb, xs, lut, out, ldo);
-    for (; r < n_rows; ++r) {
-        const uint8_t* row = w + r * row_bytes;
-        if (FMT == kMXFP4 && NT == 1 && mx_row_scaled_lut(row, nb, xs[0], lut, out + r)) continue;
-        __m512 acc0[NT], acc1[NT];
-        for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
-        int64_t b = 0;
-        for (; b + 1 < nb; b += 2) {
-            gemv_block<FMT, NT>(row, b, xs, lut, acc0);
-            gemv_block<FMT, NT>(row, b + 1, xs, lut, acc1);
+    if (NT == 1 || NT * K * 4 <= kGemvWholeBytes) {  // the activations stay in L1: rows straight through
+        for (; r < n_rows; ++r) {
+            const uint8_t* row = w + r * row_bytes;
+            if (FMT == kMXFP4 && NT == 1 && mx_row_scaled_lut(row, nb, xs[0], lut, out + r)) continue;
+            __m512 acc0[NT], acc1[NT];
+            for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
+            int64_t b = 0;
+            for (; b + 1 < nb; b += 2) {
+                gemv_block<FMT, NT>(row, b, xs, lut, acc0);
+                gemv_block<FMT, NT>(row, b + 1, xs, lut, acc1);
+            }
+            if (b < nb) gemv_block<FMT, NT>(row, b, xs, lut, acc0);
+            for (int t = 0; t < NT; ++t) out[t * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
         }
-        if (b < nb) gemv_block<FMT, NT>(row, b, xs, lut, acc0);
-        for (int t = 0; t < NT; ++t) out[t * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
+        return;
+    }
+    // Else K chunks of 8 KB of activations (an even block count, so each block keeps its even/odd
+    // accumulator and the sums their order) while a group of rows passes over each chunk.
+    const int64_t kcb = (kGemvChunkFloats / (NT * kBlockElems) + 1) / 2 * 2;
+    alignas(64) float keep[kGemvGroupRows][2 * NT][16];
+    for (int64_t r0 = r; r0 < n_rows; r0 += kGemvGroupRows) {
+        const int64_t nr = n_rows - r0 < kGemvGroupRows ? n_rows - r0 : kGemvGroupRows;
+        for (int64_t b0 = 0; b0 < nb; b0 += kcb) {
+            const int64_t b1 = nb - b0 < kcb ? nb : b0 + kcb;
+            for (int64_t i = 0; i < nr; ++i) {
+                const uint8_t* row = w + (r0 + i) * row_bytes;
+                if (b0 == 0 && i + 2 < nr) prefetch_row_l2(row + 2 * row_bytes, row_bytes);
+                __m512 acc0[NT], acc1[NT];
+                for (int t = 0; t < NT; ++t) {
+                    acc0[t] = b0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(keep[i][2 * t]);
+                    acc1[t] = b0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(keep[i][2 * t + 1]);
+                }
+                int64_t b = b0;
+                for (; b + 1 < b1; b += 2) {
+                    gemv_block<FMT, NT, false>(row, b, xs, lut, acc0);
+                    gemv_block<FMT, NT, false>(row, b + 1, xs, lut, acc1);
+                }
+                if (b < b1) gemv_block<FMT, NT, false>(row, b, xs, lut, acc0);
+                if (b1 < nb) {
+                    for (int t = 0; t < NT; ++t) {
+                        _mm512_store_ps(keep[i][2 * t], acc0[t]);
+                        _mm512_store_ps(keep[i][2 * t + 1], acc1[t]);
+                    }
+                } else {
+                    for (int t = 0; t < NT; ++t)
+                        out[t * ldo + r0 + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
+                }
+            }
+        }
     }
 }
 
@@ -185,12 +228,6 @@ inline float hsum(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}
-constexpr int64_t kGemvChunkFloats = 2048;  // as kern_avx2.cpp: K-chunked activations of 8 KB
-constexpr int64_t kGemvGroupRows = 24;
-constexpr int64_t kGemvWholeBytes = 24 << 10;
-inline void prefetch_row_l2(const uint8_t* row, int64_t row_bytes) {
-    for (int64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char*)row + o, _MM_HINT_T1);
 }
 inline __m256i dot16_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
 inline __m256i dot16_first(__m256i w, __m256i x) { return _mm256_madd_epi16(w, x); }

@@ -188,10 +188,11 @@ def test_linear_group_bad_input_is_named():
 
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("t", TYPES)
-@pytest.mark.parametrize("T", [2, 3, 6, 8, 11, 16])
+@pytest.mark.parametrize("T", [2, 3, 4, 6, 8, 11, 16])
 def test_gemv_k_chunks_row_groups_and_even_passes(isa, t, T, use_isa, act_mode):
-    """K = 2880 and 53 rows through the streaming GEMV: the AVX2 variant walks K in chunks (32 to 8
-    blocks per chunk, with a partial last one) over groups of 24 rows (two full and a tail), and
+    """K = 2880 and 53 rows through the streaming GEMV: the AVX2 variant (and the AVX-512 one at 3-4
+    tokens) walks K in chunks (32 to 8 blocks per chunk, with a partial last one) over groups of 24
+    rows (two full and a tail), and
     11 or 16 tokens run as two even passes; against float64 on the dequantized weights."""
     use_isa(isa)
     rng = np.random.default_rng()
