@@ -28,6 +28,9 @@ constexpr int64_t kChunkRows = 24;  // rows per work unit (multiple of the GEMM'
 // Rows per work unit on the GEMV path (no tile): each unit is a fresh stream for the hardware
 // prefetcher, so longer ones read faster (Zen 4, 2 threads: head +10%, MoE T=1 +4% over 24 rows).
 constexpr int64_t kGemvUnitRows = 96;
+// Rows per work unit of the int8 tile GEMM (fast mode, many tokens): whole 16-row panels, four
+// per call of the VNNI kernel (24-row units left it a half-empty second panel).
+constexpr int64_t kQ8TileRows = 64;
 constexpr int kErrBadArg = -1, kErrBadExpert = -2, kErrBadIsa = -3;
 
 std::mutex g_call_mu;  // one op at a time owns the pool and the scratch buffers
@@ -479,7 +482,7 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
     c.T = T; c.K = K; c.n_mats = n;
     int64_t units = 0;
     for (int i = 0; i < n; ++i) {
-        const int64_t unit_rows = c.tile_path ? kChunkRows : gemv_unit_rows(Ns[i]);
+        const int64_t unit_rows = !c.tile_path ? gemv_unit_rows(Ns[i]) : act == kActI8 ? kQ8TileRows : kChunkRows;
         c.mats[i] = {ws[i], Ns[i], row_strides[i], unit_rows, biases[i], outs[i], ldos[i], units};
         units += (Ns[i] + unit_rows - 1) / unit_rows;
     }
@@ -612,13 +615,12 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
         else
             for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.xg + s.xg_off + a * H, H);
     }
-    // Fast mode: 48-row units, so the int8 GEMM runs its 16-row kernel on all of them (the fp32
-    // tile of the default mode is sized for 24 rows). A call without tile slots (decode) takes
-    // the GEMV path's longer units.
+    // Fast mode: the int8 GEMM's units (the fp32 tile of the default mode is sized for 24 rows).
+    // A call without tile slots (decode) takes the GEMV path's longer units.
     bool any_tile = false;
     for (const Slot& s : c.slots) any_tile = any_tile || s.tile_path;
     c.chunk_rows = !any_tile ? gemv_unit_rows(std::min(H, I))
-                   : c.fast  ? 2 * kChunkRows
+                   : c.fast  ? kQ8TileRows
                              : kChunkRows;
     c.chunks_i = (I + c.chunk_rows - 1) / c.chunk_rows;
     c.chunks_h = (H + c.chunk_rows - 1) / c.chunk_rows;

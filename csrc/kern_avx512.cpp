@@ -1,7 +1,10 @@
 // AVX-512 (F/BW/VL/VNNI) GEMV and decode. 16 lanes let one vpermps do the whole 16-entry E2M1
 // lookup, so the activations stay in natural order. The int16 GEMV is the AVX2 one with vpdpwssd
-// summing the products (one instruction for vpmaddwd + vpaddd). The tile GEMM is the AVX2 one.
+// summing the products (one instruction for vpmaddwd + vpaddd). The fp32 tile GEMM is the AVX2
+// one; fast mode's int8 tile GEMM has its own VNNI kernel.
 // Internal linkage only, as in kern_avx2.cpp.
+#include <vector>
+
 #include "common.h"
 
 #pragma GCC push_options
@@ -233,6 +236,186 @@ inline __m256i dot16_acc(__m256i acc, __m256i w, __m256i x) { return _mm256_dpws
 inline __m256i dot16_first(__m256i w, __m256i x) { return _mm256_madd_epi16(w, x); }
 #include "gemv_q16.inc"
 
+// ---- fast mode, many tokens: the int8 GEMM with vpdpbusd (64 u8 x s8 products into 16 int32
+// lanes per instruction; the AVX2 kernel needs maddubs + adds + madd for half as many).
+// A panel of 16 rows is decoded once per call as unsigned bytes, k-quad major:
+// wt[b*512 + q*64 + r*4 + i] = weight 4q+i of block b in row r, plus an offset that makes it
+// unsigned (MXFP4: LUT2 + 12; Q8_0: quant + 128). Each token's 4 int8 activations of quad q are
+// broadcast against it. The offset comes back out exactly: minus 12 resp. 128 times the block's
+// sum of activations. Same int32 dots and float order as every ISA (KernelSet::gemm_q8).
+constexpr int kV8Panel = 16;
+#ifndef HM_V8_GROUP
+#define HM_V8_GROUP 4
+#endif
+constexpr int kV8Group = HM_V8_GROUP;  // panels per micro-kernel call
+constexpr int64_t kV8PanelBytes = 512;  // per block: 8 quads x 16 rows x 4 bytes
+
+// 128 * (sum of the block's int8 activations), from the stored 12 * sum (an exact multiple of
+// 12 within +-12 * 32 * 127): 43691 / 2^19 is 1/12 to 2.5e-7, so the rounded product is exact.
+inline int32_t q8_offset_sum(int32_t bsum12) { return ((bsum12 * 43691 + (1 << 18)) >> 19) * 128; }
+
+// Rows 4L + i (L, i < 4) of z[i]'s 128-bit lane L -> w[j] dword 4L + i = dword j of that row.
+HM_ALWAYS_INLINE inline void transpose_4x4_lanes(const __m512i* z, __m512i* w) {
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    w[0] = _mm512_unpacklo_epi64(t0, t2);
+    w[1] = _mm512_unpackhi_epi64(t0, t2);
+    w[2] = _mm512_unpacklo_epi64(t1, t3);
+    w[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+// 16 bytes at src[r] + off for each row r < nr (zeros for the rest), transposed: w[j] dword r =
+// bytes 4j..4j+3 of row r.
+HM_ALWAYS_INLINE inline void load_16x16(const uint8_t* w, int64_t row_bytes, int nr, int64_t off, __m512i* out) {
+    __m512i z[4];
+    for (int i = 0; i < 4; ++i) {
+        __m512i v = _mm512_setzero_si512();
+        for (int L = 0; L < 4; ++L) {
+            const int r = 4 * L + i;
+            if (r < nr) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i*)(w + r * row_bytes + off)), L);
+        }
+        z[i] = v;
+    }
+    transpose_4x4_lanes(z, out);
+}
+
+template <int FMT>
+void decode_panel_v8(const uint8_t* w, int64_t row_bytes, int nr, int64_t nb, uint8_t* wt, float* dwt) {
+    const __m512i m0f = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8(char(0x80));
+    const __m512i lut = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)kMxfp4Lut2)),
+                                        _mm512_set1_epi8(12));
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* o = wt + b * kV8PanelBytes;
+        __m512i v[4];
+        if constexpr (FMT == kMXFP4) {
+            load_16x16(w, row_bytes, nr, b * kMxfp4Bytes + 1, v);  // dword j: nibbles of quads j and 4 + j
+            for (int j = 0; j < 4; ++j) {
+                _mm512_store_si512(o + j * 64, _mm512_shuffle_epi8(lut, _mm512_and_si512(v[j], m0f)));
+                _mm512_store_si512(o + (4 + j) * 64,
+                                   _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v[j], 4), m0f)));
+            }
+            for (int r = 0; r < kV8Panel; ++r)
+                dwt[b * kV8Panel + r] = r < nr ? g_e8m0_table[w[r * row_bytes + b * kMxfp4Bytes]] : 0.f;
+        } else {
+            for (int h = 0; h < 2; ++h) {  // elements 16h .. 16h + 15: quads 4h .. 4h + 3
+                load_16x16(w, row_bytes, nr, b * kQ8_0Bytes + 2 + 16 * h, v);
+                for (int j = 0; j < 4; ++j) _mm512_store_si512(o + (4 * h + j) * 64, _mm512_xor_si512(v[j], flip));
+            }
+            for (int r = 0; r < kV8Panel; ++r) {
+                uint16_t hbits = 0;
+                if (r < nr) std::memcpy(&hbits, w + r * row_bytes + b * kQ8_0Bytes, 2);
+                dwt[b * kV8Panel + r] = _cvtsh_ss(hbits);
+            }
+        }
+    }
+}
+
+// NP panels (16 rows each; nr rows of the last are real) times TB tokens over all nb blocks.
+template <int FMT, int TB, int NP>
+__attribute__((noinline)) void gemm_v8_micro(const uint8_t* const* wt, const float* const* dwt, int64_t K,
+                                             const int8_t* const* xq, const float* const* xd, float* const* out,
+                                             int nr) {
+    const int64_t nb = K / kBlockElems;
+    __m512 acc[TB][NP];
+    for (int t = 0; t < TB; ++t)
+        for (int p = 0; p < NP; ++p) acc[t][p] = _mm512_setzero_ps();
+    const int32_t* bs[TB];
+    for (int t = 0; t < TB; ++t) bs[t] = (const int32_t*)(xd[t] + q8x_pairs(K) * 8);
+    for (int64_t b = 0; b < nb; ++b) {
+        const int64_t xo = (b / 2) * kQ8xPairBytes + (b % 2) * 16;
+        __m512i isum[TB][NP];
+        for (int t = 0; t < TB; ++t)
+            for (int p = 0; p < NP; ++p) isum[t][p] = _mm512_setzero_si512();
+        #pragma GCC unroll 8
+        for (int q = 0; q < 8; ++q) {
+            __m512i wv[NP];
+            for (int p = 0; p < NP; ++p) wv[p] = _mm512_load_si512(wt[p] + b * kV8PanelBytes + q * 64);
+            for (int t = 0; t < TB; ++t) {
+                int32_t x4;
+                std::memcpy(&x4, xq[t] + xo + 32 * (q / 4) + 4 * (q % 4), 4);  // elements 4q .. 4q + 3
+                const __m512i xv = _mm512_set1_epi32(x4);
+                for (int p = 0; p < NP; ++p) isum[t][p] = _mm512_dpbusd_epi32(isum[t][p], wv[p], xv);
+            }
+        }
+        for (int t = 0; t < TB; ++t) {
+            const int32_t off = FMT == kMXFP4 ? bs[t][b] : q8_offset_sum(bs[t][b]);
+            const __m512i ov = _mm512_set1_epi32(off);
+            const __m512 xs = _mm512_set1_ps(q8x_scale(xd[t], b));
+            for (int p = 0; p < NP; ++p) {
+                const __m512 sc = _mm512_mul_ps(_mm512_load_ps(dwt[p] + b * kV8Panel), xs);
+                acc[t][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum[t][p], ov)), sc, acc[t][p]);
+            }
+        }
+    }
+    const __mmask16 last = __mmask16((1u << nr) - 1);
+    for (int t = 0; t < TB; ++t)
+        for (int p = 0; p < NP; ++p) {
+            if (p + 1 < NP || nr == kV8Panel) _mm512_storeu_ps(out[t] + p * kV8Panel, acc[t][p]);
+            else _mm512_mask_storeu_ps(out[t] + p * kV8Panel, last, acc[t][p]);
+        }
+}
+
+thread_local std::vector<uint8_t> t_v8_panels;
+
+// The per-thread panel buffer for nb blocks, 64-byte aligned: weights of kV8Group panels, then
+// their scales.
+inline uint8_t* v8_panel_buffer(int64_t nb) {
+    const size_t bytes = size_t(kV8Group * nb * (kV8PanelBytes + kV8Panel * 4) + 64);
+    if (t_v8_panels.size() < bytes) t_v8_panels.resize(bytes);
+    return (uint8_t*)(((uintptr_t)t_v8_panels.data() + 63) & ~uintptr_t(63));
+}
+
+template <int FMT, int NP>
+void gemm_v8_panels(const uint8_t* const* wt, const float* const* dwt, int64_t K, const int8_t* const* xq,
+                    const float* const* xd, int64_t M, float* C, int64_t ldc, int64_t r0, int nr) {
+    constexpr int TB = NP >= 4 ? 3 : 4;  // the int and float sums of TB x NP panels stay in registers
+    for (int64_t m0 = 0; m0 < M; m0 += TB) {
+        const int tb = int(M - m0 < TB ? M - m0 : TB);
+        float* out[4];
+        for (int t = 0; t < tb; ++t) out[t] = C + (m0 + t) * ldc + r0;
+        switch (tb) {
+            case 4: gemm_v8_micro<FMT, 4 <= TB ? 4 : 1, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr); break;
+            case 3: gemm_v8_micro<FMT, 3, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr); break;
+            case 2: gemm_v8_micro<FMT, 2, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr); break;
+            default: gemm_v8_micro<FMT, 1, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr); break;
+        }
+    }
+}
+
+template <int FMT>
+void gemm_q8_fmt(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
+                 const float* const* xd, int64_t M, float* C, int64_t ldc) {
+    const int64_t nb = K / kBlockElems;
+    uint8_t* buf = v8_panel_buffer(nb);
+    const uint8_t* wt[kV8Group];
+    const float* dwt[kV8Group];
+    for (int p = 0; p < kV8Group; ++p) {
+        wt[p] = buf + p * nb * kV8PanelBytes;
+        dwt[p] = (const float*)(buf + kV8Group * nb * kV8PanelBytes) + p * nb * kV8Panel;
+    }
+    auto decode = [&](int64_t r0, int np, int nr_last) {
+        for (int p = 0; p < np; ++p)
+            decode_panel_v8<FMT>(w + (r0 + p * kV8Panel) * row_bytes, row_bytes, p + 1 < np ? kV8Panel : nr_last, nb,
+                                 (uint8_t*)wt[p], (float*)dwt[p]);
+    };
+    int64_t r0 = 0;
+    for (; r0 + kV8Group * kV8Panel <= N; r0 += kV8Group * kV8Panel) {
+        decode(r0, kV8Group, kV8Panel);
+        gemm_v8_panels<FMT, kV8Group>(wt, dwt, K, xq, xd, M, C, ldc, r0, kV8Panel);
+    }
+    for (; r0 < N; r0 += kV8Panel) {
+        const int nr = int(N - r0 < kV8Panel ? N - r0 : kV8Panel);
+        decode(r0, 1, nr);
+        gemm_v8_panels<FMT, 1>(wt, dwt, K, xq, xd, M, C, ldc, r0, nr);
+    }
+}
+
+void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
+             const float* const* xd, int64_t M, float* C, int64_t ldc) {
+    if (fmt == kMXFP4) gemm_q8_fmt<kMXFP4>(w, row_bytes, N, K, xq, xd, M, C, ldc);
+    else gemm_q8_fmt<kQ8_0>(w, row_bytes, N, K, xq, xd, M, C, ldc);
+}
+
 }  // namespace
 }  // namespace hm
 
@@ -438,7 +621,7 @@ void decode(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_
 }  // namespace
 
 const KernelSet kAvx512Kernels = {"avx512", prep_x, gemv, decode, avx2::pack_a, avx2::gemm,
-                                  avx2::gemv_q8, avx2::attn_group, avx2::qgemm, avx2::gemm_q8,
+                                  avx2::gemv_q8, avx2::attn_group, avx2::qgemm, gemm_q8,
                                   avx2::quantize_q8, avx2::swiglu, avx2::quantize_q16, gemv_q16,
                                   quantize_x_d3, gemv_d3};
 

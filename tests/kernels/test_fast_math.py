@@ -177,19 +177,22 @@ def test_fast_mode_tile_path_is_int8(t, use_isa, fast):
 
 @pytest.mark.parametrize("t", [GGMLType.MXFP4, GGMLType.Q8_0], ids=["mxfp4", "q8_0"])
 @pytest.mark.parametrize("k_in", [224, 2880])
+@pytest.mark.parametrize("rows", [53, 150])
 @needs_lib
-def test_fast_int8_gemm_agrees_exactly_and_with_float64(k_in, t, use_isa, fast):
-    """The int8 tile GEMM (fast mode, tokens over the GEMV limit): 53 rows (6 full 8-row panels
-    and a 5-row edge), 7 blocks (odd: the last pair's partner missing) or 90, token counts that
-    leave 1..3 tokens in the last group of 3; scalar and SIMD bit-identical, and float64 close.
-    Q8_0 rows include -127/127 quants (the |w| * sign(x, w) products at their int16 limit)."""
+def test_fast_int8_gemm_agrees_exactly_and_with_float64(rows, k_in, t, use_isa, fast):
+    """The int8 tile GEMM (fast mode, tokens over the GEMV limit): 53 rows (one unit: AVX2 6 full
+    8-row panels and a 5-row edge; VNNI three 16-row panels and the edge) or 150 (two 64-row
+    units, VNNI's four-panel kernel, then a 22-row unit), 7 blocks (odd: the last pair's partner
+    missing) or 90, token counts that leave every remainder of the token groups (3 and 4);
+    scalar and SIMD bit-identical, and float64 close. Q8_0 rows include -127/127 quants (the
+    |w| * sign(x, w) products at their int16 limit; VNNI's quant + 128 offset at 255 and 1)."""
     rng = np.random.default_rng()
     simd = [p.values[0] for p in isa_params() if not p.marks and p.values[0] != "scalar"]
     if not simd:
         pytest.skip("no SIMD variant on this CPU")
-    w = quantized(rng, 53, k_in, t)
+    w = quantized(rng, rows, k_in, t)
     if t == GGMLType.Q8_0:
-        blocks = w.reshape(53, -1, 34)
+        blocks = w.reshape(rows, -1, 34)
         blocks[0, :, 2:] = np.uint8(127)  # row 0: every quant +127, row 1: -127 (0x81), row 2: 0
         blocks[1, :, 2:] = np.uint8(0x81)
         blocks[2, :, 2:] = 0
