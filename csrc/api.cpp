@@ -51,6 +51,14 @@ std::atomic<int> g_gemv_max_tokens{16};
 constexpr int kActF32 = 0, kActI16 = 1, kActI8 = 2, kActI8x3 = 3;
 bool act_ok(int act) { return act == kActF32 || act == kActI16 || act == kActI8 || act == kActI8x3; }
 
+// Fast mode's crossover: the int8 tile GEMM overtakes the int8 GEMV much sooner. Zen 4, 2880 x
+// 2880 MXFP4, 1 and 2 threads, GEMM time / GEMV time: VNNI 1.0-1.1 at 2 tokens, 0.8 at 4,
+// 0.45-0.6 from 6; the AVX2 kernels 1.2 at 2, 0.9 at 4, 0.6-0.75 from 6.
+std::atomic<int> g_q8_gemv_max_tokens{2};
+
+// Tokens per expert (or dense call) that still take the GEMV path in this activation mode.
+int64_t gemv_max_tokens(int act) { return act == kActI8 ? g_q8_gemv_max_tokens.load() : g_gemv_max_tokens.load(); }
+
 // The three-digit GEMV runs for MXFP4 weights on a set that has one.
 bool d3_gemv_for(const KernelSet* ks, int fmt) {
     return fmt == kMXFP4 && ks->gemv_d3 && (ks != &kAvx512Kernels || avx512_has_d3());
@@ -386,7 +394,7 @@ void moe_combine_job(void* p, int) {
 
 using namespace hm;
 
-HM_API int hm_abi_version() { return 7; }
+HM_API int hm_abi_version() { return 8; }
 
 HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
 
@@ -421,6 +429,14 @@ HM_API int hm_set_gemv_max_tokens(int n) {
 
 HM_API int hm_get_gemv_max_tokens() { return g_gemv_max_tokens; }
 
+HM_API int hm_set_q8_gemv_max_tokens(int n) {
+    if (n < 0) return kErrBadArg;
+    g_q8_gemv_max_tokens = n;
+    return 0;
+}
+
+HM_API int hm_get_q8_gemv_max_tokens() { return g_q8_gemv_max_tokens; }
+
 // dst[r*K + k] = W[r][k] (float32) through the current ISA's decoder; rows are row_stride apart.
 HM_API int hm_dequant(int fmt, const uint8_t* w, int64_t n_rows, int64_t row_stride, int64_t K, float* dst) {
     if (!fmt_ok(fmt) || K <= 0 || K % kBlockElems || n_rows < 0 || row_stride < row_bytes_of(fmt, K))
@@ -445,7 +461,7 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
     LinearCtx c;
     c.ks = g_ks;
     c.fmt = fmt;
-    c.tile_path = T > g_gemv_max_tokens;
+    c.tile_path = T > gemv_max_tokens(act);
     if (act == kActI8) {
         std::vector<const float*> rows(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
@@ -522,7 +538,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     c.d3 = act == kActI8x3 && d3_gemv_for(g_ks, fmt);
 
     // Group the T*k assignments by expert (counting sort, stable in token order).
-    const int64_t gemv_max = g_gemv_max_tokens.load();
+    const int64_t gemv_max = gemv_max_tokens(act);
     std::vector<int64_t> offset(size_t(E) + 1, 0);
     for (int64_t i = 0; i < T * k; ++i) ++offset[size_t(ids[i]) + 1];
     for (int64_t e = 0; e < E; ++e) {

@@ -13,7 +13,8 @@ def use_isa(request):
     yield lambda name: K.set_isa(name)
     if K.available():
         K.set_isa("auto")
-        K.set_gemv_max_tokens(16)  # the library's default
+        K.set_gemv_max_tokens(16)  # the library's defaults
+        K.set_gemv_max_tokens(2, fast_math=True)
         K.set_num_threads(1)
 
 

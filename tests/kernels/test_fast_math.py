@@ -64,7 +64,7 @@ def test_fast_moe_vs_float64(isa, T, k, use_isa, fast):
 def test_fast_moe_q8_0_and_mixed_tile_path(use_isa, fast):
     """Q8_0 experts; one expert over the GEMV limit takes the tile path (int8 GEMM) in the same call."""
     rng = np.random.default_rng()
-    K.set_gemv_max_tokens(3)
+    K.set_gemv_max_tokens(3, fast_math=True)
     ex = make_experts(rng, 4, H, I, t=GGMLType.Q8_0)
     T = 6
     ids = torch.tensor([[0, 1], [0, 2], [0, 3], [0, 1], [0, 2], [0, 3]], dtype=torch.int32)
@@ -112,7 +112,7 @@ def test_fast_k_chunked_gemv_agrees_exactly_and_with_float64(t, use_isa, fast):
     out = {}
     for isa in ["scalar", *simd]:
         use_isa(isa)
-        K.set_gemv_max_tokens(16)
+        K.set_gemv_max_tokens(16, fast_math=True)
         out[isa] = [K._linear(x[:n], w, None, t, fast) for n in (5, 8, 11, 16)]
     for isa in simd:
         assert all(torch.equal(a, b) for a, b in zip(out["scalar"], out[isa])), isa
@@ -166,13 +166,30 @@ def test_fast_mode_tile_path_is_int8(t, use_isa, fast):
     """Above the GEMV limit, fast mode takes the int8 GEMM for both formats (fast-mode error,
     so not the fp32 tile, which is ~1e-7); the default mode stays exact on the same inputs."""
     rng = np.random.default_rng()
-    K.set_gemv_max_tokens(2)
+    K.set_gemv_max_tokens(2, fast_math=True)
     x = torch.from_numpy(rng.standard_normal((5, 128), dtype=np.float32))
     w = quantized(rng, 30, 128, t)
     ref = x.double() @ dequant64(w, t).T
     lin = K.linear_mxfp4 if t == GGMLType.MXFP4 else K.linear_q8_0
     assert FAST_MIN < rel_err(lin(x, w, act=fast), ref) < LINEAR_FAST_TOL
     assert rel_err(lin(x, w), ref) < 1e-5
+
+
+@needs_lib
+def test_fast_mode_has_its_own_crossover(use_isa, fast):
+    """Fast mode takes the int8 tile GEMM from 3 tokens by default (same bits as forcing it), the
+    int8 GEMV up to 2; the fp32 crossover is separate (setting one leaves the other)."""
+    rng = np.random.default_rng()
+    w = quantized(rng, 70, 256, GGMLType.MXFP4)
+    x = torch.from_numpy(rng.standard_normal((3, 256), dtype=np.float32))
+    default = [K.linear_mxfp4(x[:n], w, act=fast) for n in (2, 3)]
+    fp32_default = K.linear_mxfp4(x, w)
+    K.set_gemv_max_tokens(0, fast_math=True)
+    tile = K.linear_mxfp4(x[:3], w, act=fast)
+    assert torch.equal(K.linear_mxfp4(x, w), fp32_default)  # the fp32 path did not move
+    K.set_gemv_max_tokens(16, fast_math=True)
+    gemv = K.linear_mxfp4(x[:2], w, act=fast)
+    assert torch.equal(default[0], gemv) and torch.equal(default[1], tile)
 
 
 @pytest.mark.parametrize("t", [GGMLType.MXFP4, GGMLType.Q8_0], ids=["mxfp4", "q8_0"])
@@ -203,7 +220,7 @@ def test_fast_int8_gemm_agrees_exactly_and_with_float64(rows, k_in, t, use_isa, 
     out = {}
     for isa in ["scalar", *simd]:
         use_isa(isa)
-        K.set_gemv_max_tokens(0)
+        K.set_gemv_max_tokens(0, fast_math=True)
         out[isa] = [lin(x[:n], w, act=fast) for n in (1, 2, 7, 17)]
     K.set_num_threads(2)  # rows quantized over the pool, row chunks on two threads: same bits
     out["2 threads"] = [lin(x[:n], w, act=fast) for n in (1, 2, 7, 17)]
@@ -228,7 +245,7 @@ def test_fast_moe_int8_tile_slots_exact_across_isas(use_isa, fast):
     out = {}
     for isa in ["scalar", *simd]:
         use_isa(isa)
-        K.set_gemv_max_tokens(0)
+        K.set_gemv_max_tokens(0, fast_math=True)
         out[isa] = K.moe_forward(x, ids, wts, ex, act=fast)
     for isa in simd:
         assert torch.equal(out["scalar"], out[isa]), isa

@@ -8,7 +8,8 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
     set_isa(name)                  force a variant ("auto" = best supported); env HYBRIDMOE_ISA
     set_num_threads(n)             size of the persistent worker pool (default: physical cores,
                                    or env HYBRIDMOE_THREADS); num_threads() reads it
-    set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used (16)
+    set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used (16;
+                                   fast_math=True: fast mode's, 2)
     Activations                    FP32 (default) | INT16 | INT8X3 | INT8 (fast math): every matmul entry
                                    point takes one per call (`act=`), so each model has its own
     ExpertTensors                  one layer's routed experts (mmap views)
@@ -147,13 +148,15 @@ def digits_active() -> bool:
     return _lib_handle is not None and bool(_lib_handle.hm_d3_active())
 
 
-def set_gemv_max_tokens(n: int) -> None:
+def set_gemv_max_tokens(n: int, *, fast_math: bool = False) -> None:
     """Tokens per expert (or per dense call) up to which the streaming GEMV is used; above it,
-    rows are decoded to an L2-sized float32 tile and multiplied by a register-blocked GEMM."""
+    rows are decoded to an L2-sized float32 tile and multiplied by a register-blocked GEMM
+    (default 16). fast_math=True sets fast mode's own crossover instead: its int8 tile GEMM
+    overtakes the int8 GEMV from a few tokens (default 2)."""
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"gemv_max_tokens must be an int >= 0, got {n!r}")
     if _lib_handle is not None:
-        _lib_handle.hm_set_gemv_max_tokens(n)
+        (_lib_handle.hm_set_q8_gemv_max_tokens if fast_math else _lib_handle.hm_set_gemv_max_tokens)(n)
 
 
 def _physical_cores() -> int:
