@@ -49,6 +49,33 @@ inline __m512 q8_scale(const uint8_t* blk) {
 
 void prep_x(int, const float* x, float* xp, int64_t K) { std::memcpy(xp, x, K * sizeof(float)); }
 
+// The block scale folded into the LUT: (e - 128) added to the exponent field of LUT2's nonzero
+// entries gives LUT2 * 2^(e-128) exactly for e in [2, 252] (`bad` marks the rest).
+struct ScaledLut {
+    int32_t add[256];  // (e - 128) << 23
+    uint8_t bad[256];  // e outside [2, 252]
+    ScaledLut() {
+        for (int e = 0; e < 256; ++e) {
+            add[e] = (e - 128) * (1 << 23);
+            bad[e] = e < 2 || e > 252;
+        }
+    }
+};
+const ScaledLut g_scaled_lut;
+
+// One block's weights with the scale folded in (lo = elements 0..15, hi = 16..31); false, and
+// nothing decoded, when the block's exponent leaves the exact range.
+HM_ALWAYS_INLINE inline bool mx_decode_scaled(const uint8_t* blk, __m512 lut, __m512& lo, __m512& hi) {
+    if (g_scaled_lut.bad[blk[0]]) return false;
+    constexpr __mmask16 kNonzero = 0xFEFE;  // LUT2 entries 0 and 8 are zeros
+    const __m512 ls = _mm512_castsi512_ps(_mm512_maskz_add_epi32(kNonzero, _mm512_castps_si512(lut),
+                                                                 _mm512_set1_epi32(g_scaled_lut.add[blk[0]])));
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + 1)));
+    lo = _mm512_permutexvar_ps(idx, ls);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), ls);
+    return true;
+}
+
 // One block of one row against NT activation rows, accumulated into acc[NT].
 template <int FMT, int NT, bool kPrefetch = true>
 inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, __m512 lut, __m512* acc) {
@@ -56,6 +83,13 @@ inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, __
     const uint8_t* blk = row + b * bb;
     if (kPrefetch) _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
     __m512 lo, hi, d;
+    if (FMT == kMXFP4 && mx_decode_scaled(blk, lut, lo, hi)) {  // two FMAs per token, no scale step
+        for (int t = 0; t < NT; ++t) {
+            const float* xb = xs[t] + b * kBlockElems;
+            acc[t] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc[t]));
+        }
+        return;
+    }
     if (FMT == kMXFP4) {
         mx_decode(blk, lut, lo, hi);
         d = _mm512_set1_ps(g_e8m0_table[blk[0]]);
@@ -71,15 +105,30 @@ inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, __
     }
 }
 
-// R rows per pass for several tokens: each activation load feeds R rows' FMAs.
+// R rows per pass for several tokens: each activation load feeds R rows' FMAs. MXFP4 blocks whose
+// R exponents are all in the exact range fold the scale into the LUT (two FMAs per row and token).
 template <int FMT, int NT, int R>
 HM_ALWAYS_INLINE inline void gemv_block_rows(const uint8_t* row0, int64_t row_bytes, int64_t b, const float* const* xs,
                                              __m512 lut, __m512 (*acc)[NT]) {
     constexpr int bb = FMT == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes;
     __m512 lo[R], hi[R], d[R];
+    bool scaled = FMT == kMXFP4;
     for (int i = 0; i < R; ++i) {
         const uint8_t* blk = row0 + i * row_bytes + b * bb;
         _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
+        if (FMT == kMXFP4) scaled = scaled && !g_scaled_lut.bad[blk[0]];
+    }
+    if (FMT == kMXFP4 && scaled) {
+        for (int i = 0; i < R; ++i) mx_decode_scaled(row0 + i * row_bytes + b * bb, lut, lo[i], hi[i]);
+        for (int t = 0; t < NT; ++t) {
+            const float* xb = xs[t] + b * kBlockElems;
+            const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+            for (int i = 0; i < R; ++i) acc[i][t] = _mm512_fmadd_ps(hi[i], x1, _mm512_fmadd_ps(lo[i], x0, acc[i][t]));
+        }
+        return;
+    }
+    for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = row0 + i * row_bytes + b * bb;
         if (FMT == kMXFP4) {
             mx_decode(blk, lut, lo[i], hi[i]);
             d[i] = _mm512_set1_ps(g_e8m0_table[blk[0]]);
@@ -112,22 +161,9 @@ int64_t gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t n
     return r;
 }
 
-// One MXFP4 row against one token with the block scale folded into the LUT: (e - 128) added to the
-// exponent field of LUT2's nonzero entries gives LUT2 * 2^(e-128) exactly for e in [2, 252], so a
-// block costs two FMAs (no product-then-scale). False (row not written) when an exponent leaves
-// that range; the caller then takes the scale-after-sum path.
-struct ScaledLut {
-    int32_t add[256];  // (e - 128) << 23
-    uint8_t bad[256];  // e outside [2, 252]
-    ScaledLut() {
-        for (int e = 0; e < 256; ++e) {
-            add[e] = (e - 128) * (1 << 23);
-            bad[e] = e < 2 || e > 252;
-        }
-    }
-};
-const ScaledLut g_scaled_lut;
-
+// One MXFP4 row against one token with the block scale folded into the LUT (two FMAs per block,
+// four accumulators). False (row not written) when an exponent leaves the exact range; the
+// caller then takes the scale-after-sum path.
 inline bool mx_row_scaled_lut(const uint8_t* row, int64_t nb, const float* x, __m512 lut, float* out) {
     constexpr __mmask16 kNonzero = 0xFEFE;  // LUT2 entries 0 and 8 are zeros
     const __m512i lut_bits = _mm512_castps_si512(lut);
