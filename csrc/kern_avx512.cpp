@@ -63,17 +63,15 @@ struct ScaledLut {
 };
 const ScaledLut g_scaled_lut;
 
-// One block's weights with the scale folded in (lo = elements 0..15, hi = 16..31); false, and
-// nothing decoded, when the block's exponent leaves the exact range.
-HM_ALWAYS_INLINE inline bool mx_decode_scaled(const uint8_t* blk, __m512 lut, __m512& lo, __m512& hi) {
-    if (g_scaled_lut.bad[blk[0]]) return false;
+// One block's weights with the scale folded in (lo = elements 0..15, hi = 16..31), unchecked:
+// the caller makes sure the block's exponent is in the exact range (g_scaled_lut.bad).
+HM_ALWAYS_INLINE inline void mx_decode_with_scale(const uint8_t* blk, __m512 lut, __m512& lo, __m512& hi) {
     constexpr __mmask16 kNonzero = 0xFEFE;  // LUT2 entries 0 and 8 are zeros
     const __m512 ls = _mm512_castsi512_ps(_mm512_maskz_add_epi32(kNonzero, _mm512_castps_si512(lut),
                                                                  _mm512_set1_epi32(g_scaled_lut.add[blk[0]])));
     const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + 1)));
     lo = _mm512_permutexvar_ps(idx, ls);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), ls);
-    return true;
 }
 
 // One block of one row against NT activation rows, accumulated into acc[NT].
@@ -83,7 +81,8 @@ inline void gemv_block(const uint8_t* row, int64_t b, const float* const* xs, __
     const uint8_t* blk = row + b * bb;
     if (kPrefetch) _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
     __m512 lo, hi, d;
-    if (FMT == kMXFP4 && mx_decode_scaled(blk, lut, lo, hi)) {  // two FMAs per token, no scale step
+    if (FMT == kMXFP4 && !g_scaled_lut.bad[blk[0]]) {  // two FMAs per token, no scale step
+        mx_decode_with_scale(blk, lut, lo, hi);
         for (int t = 0; t < NT; ++t) {
             const float* xb = xs[t] + b * kBlockElems;
             acc[t] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc[t]));
@@ -119,7 +118,7 @@ HM_ALWAYS_INLINE inline void gemv_block_rows(const uint8_t* row0, int64_t row_by
         if (FMT == kMXFP4) scaled = scaled && !g_scaled_lut.bad[blk[0]];
     }
     if (FMT == kMXFP4 && scaled) {
-        for (int i = 0; i < R; ++i) mx_decode_scaled(row0 + i * row_bytes + b * bb, lut, lo[i], hi[i]);
+        for (int i = 0; i < R; ++i) mx_decode_with_scale(row0 + i * row_bytes + b * bb, lut, lo[i], hi[i]);
         for (int t = 0; t < NT; ++t) {
             const float* xb = xs[t] + b * kBlockElems;
             const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
@@ -165,21 +164,17 @@ int64_t gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t n
 // four accumulators). False (row not written) when an exponent leaves the exact range; the
 // caller then takes the scale-after-sum path.
 inline bool mx_row_scaled_lut(const uint8_t* row, int64_t nb, const float* x, __m512 lut, float* out) {
-    constexpr __mmask16 kNonzero = 0xFEFE;  // LUT2 entries 0 and 8 are zeros
-    const __m512i lut_bits = _mm512_castps_si512(lut);
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     unsigned bad = 0;
     auto step = [&](int64_t b, int slot) HM_ALWAYS_INLINE {
         const uint8_t* blk = row + b * kMxfp4Bytes;
         _mm_prefetch((const char*)blk + kPrefetchBytes, _MM_HINT_T0);
-        bad |= g_scaled_lut.bad[blk[0]];
-        const __m512 ls = _mm512_castsi512_ps(
-            _mm512_maskz_add_epi32(kNonzero, lut_bits, _mm512_set1_epi32(g_scaled_lut.add[blk[0]])));
-        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + 1)));
+        bad |= g_scaled_lut.bad[blk[0]];  // checked once per row: the row is redone if any is set
+        __m512 lo, hi;
+        mx_decode_with_scale(blk, lut, lo, hi);
         const float* xb = x + b * kBlockElems;
-        acc[2 * slot] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, ls), _mm512_loadu_ps(xb), acc[2 * slot]);
-        acc[2 * slot + 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), ls),
-                                            _mm512_loadu_ps(xb + 16), acc[2 * slot + 1]);
+        acc[2 * slot] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc[2 * slot]);
+        acc[2 * slot + 1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), acc[2 * slot + 1]);
     };
     int64_t b = 0;
     for (; b + 1 < nb; b += 2) {
@@ -280,10 +275,7 @@ inline __m256i dot16_first(__m256i w, __m256i x) { return _mm256_madd_epi16(w, x
 // broadcast against it. The offset comes back out exactly: minus 12 resp. 128 times the block's
 // sum of activations. Same int32 dots and float order as every ISA (KernelSet::gemm_q8).
 constexpr int kV8Panel = 16;
-#ifndef HM_V8_GROUP
-#define HM_V8_GROUP 4
-#endif
-constexpr int kV8Group = HM_V8_GROUP;  // panels per micro-kernel call
+constexpr int kV8Group = 4;  // panels per micro-kernel call (Zen 4: as fast as 2, a little faster at T=512)
 constexpr int64_t kV8PanelBytes = 512;  // per block: 8 quads x 16 rows x 4 bytes
 
 // 128 * (sum of the block's int8 activations), from the stored 12 * sum (an exact multiple of
@@ -407,14 +399,12 @@ void gemm_v8_panels(const uint8_t* const* wt, const float* const* dwt, int64_t K
     constexpr int TB = NP >= 4 ? 3 : 4;  // the int and float sums of TB x NP panels stay in registers
     for (int64_t m0 = 0; m0 < M; m0 += TB) {
         const int tb = int(M - m0 < TB ? M - m0 : TB);
-        float* out[4];
+        float* out[TB];
         for (int t = 0; t < tb; ++t) out[t] = C + (m0 + t) * ldc + r0;
-        switch (tb) {
-            case 4: gemm_v8_micro<FMT, 4 <= TB ? 4 : 1, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr); break;
-            case 3: gemm_v8_micro<FMT, 3, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr); break;
-            case 2: gemm_v8_micro<FMT, 2, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr); break;
-            default: gemm_v8_micro<FMT, 1, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr); break;
-        }
+        if (tb == TB) gemm_v8_micro<FMT, TB, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr);
+        else if (tb == 3) gemm_v8_micro<FMT, 3, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr);
+        else if (tb == 2) gemm_v8_micro<FMT, 2, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr);
+        else gemm_v8_micro<FMT, 1, NP>(wt, dwt, K, xq + m0, xd + m0, out, nr);
     }
 }
 
@@ -423,16 +413,16 @@ void gemm_q8_fmt(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, cons
                  const float* const* xd, int64_t M, float* C, int64_t ldc) {
     const int64_t nb = K / kBlockElems;
     uint8_t* buf = v8_panel_buffer(nb);
-    const uint8_t* wt[kV8Group];
-    const float* dwt[kV8Group];
+    uint8_t* wt[kV8Group];
+    float* dwt[kV8Group];
     for (int p = 0; p < kV8Group; ++p) {
         wt[p] = buf + p * nb * kV8PanelBytes;
-        dwt[p] = (const float*)(buf + kV8Group * nb * kV8PanelBytes) + p * nb * kV8Panel;
+        dwt[p] = (float*)(buf + kV8Group * nb * kV8PanelBytes) + p * nb * kV8Panel;
     }
     auto decode = [&](int64_t r0, int np, int nr_last) {
         for (int p = 0; p < np; ++p)
             decode_panel_v8<FMT>(w + (r0 + p * kV8Panel) * row_bytes, row_bytes, p + 1 < np ? kV8Panel : nr_last, nb,
-                                 (uint8_t*)wt[p], (float*)dwt[p]);
+                                 wt[p], dwt[p]);
     };
     int64_t r0 = 0;
     for (; r0 + kV8Group * kV8Panel <= N; r0 += kV8Group * kV8Panel) {
