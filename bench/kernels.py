@@ -111,7 +111,7 @@ def main() -> None:
     ap.add_argument("--isa", default="auto")
     ap.add_argument("--bw-gib", type=float, default=2.0, help="size of the read-bandwidth array")
     ap.add_argument("--tokens", type=int, nargs="+", default=[8, 64, 512])
-    ap.add_argument("--gemv-max-tokens", type=int, default=None, help="override the GEMV/tile crossover (fp32; fast mode keeps its own, 2)")
+    ap.add_argument("--gemv-max-tokens", type=int, default=None, help="override the GEMV/tile crossover (fp32, both formats; fast mode keeps its own, 2)")
     record.add_json_arg(ap)
     args = ap.parse_args()
 
@@ -186,7 +186,7 @@ def main() -> None:
             wts = torch.softmax(torch.randn(T, TOPK), -1)
             flops = T * TOPK * 2 * (2 * I * H + H * I)
             rates = {}
-            for fast in (False, True):  # fast: int8 GEMV (<= 16 tokens per expert) or int8 GEMM
+            for fast in (False, True):  # fast: int8 GEMV (<= 2 tokens per expert) or int8 GEMM
                 act = K.Activations.for_fast_math(fast)
                 t, best = timed(lambda: K.moe_forward(x, ids, wts, experts, act=act), max(3, args.repeats // 2))
                 keep(nt, f"MoE T={T}", "GFLOP/s", "fast" if fast else "default", flops, t)

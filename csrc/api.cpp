@@ -36,9 +36,12 @@ constexpr int kErrBadArg = -1, kErrBadExpert = -2, kErrBadIsa = -3;
 std::mutex g_call_mu;  // one op at a time owns the pool and the scratch buffers
 std::unique_ptr<ThreadPool> g_pool;
 const KernelSet* g_ks = nullptr;
-// Tokens per expert up to which the fused GEMV beats tile + GEMM (the crossover on 20b-sized
-// MXFP4 matrices; bench/kernels.py --gemv-max-tokens moves it).
-std::atomic<int> g_gemv_max_tokens{16};
+// Tokens per expert (or dense call) up to which the fp32 GEMV beats tile + GEMM, per weight format
+// (bench/kernels.py --gemv-max-tokens moves both). Zen 4, 2 threads, 2880-wide rows, tile time /
+// GEMV time: MXFP4 (scale folded into the LUT, two FMAs per weight pair) 1.1-1.5 up to 48 tokens,
+// 0.95-1.0 at 64-96; Q8_0 1.1 at 14, 0.94-1.04 at 16, ~0.9-1.0 beyond.
+std::atomic<int> g_gemv_max_tokens_mxfp4{48};
+std::atomic<int> g_gemv_max_tokens_q8_0{16};
 // Activation arithmetic, chosen per call (each model instance carries its own):
 //   kActF32:  fp32 activations (exact to fp32 rounding; the default);
 //   kActI16:  the GEMV path (few tokens per expert / dense call) multiplies two-term int16
@@ -57,7 +60,10 @@ bool act_ok(int act) { return act == kActF32 || act == kActI16 || act == kActI8 
 std::atomic<int> g_q8_gemv_max_tokens{2};
 
 // Tokens per expert (or dense call) that still take the GEMV path in this activation mode.
-int64_t gemv_max_tokens(int act) { return act == kActI8 ? g_q8_gemv_max_tokens.load() : g_gemv_max_tokens.load(); }
+int64_t gemv_max_tokens(int act, int fmt) {
+    if (act == kActI8) return g_q8_gemv_max_tokens.load();
+    return fmt == kMXFP4 ? g_gemv_max_tokens_mxfp4.load() : g_gemv_max_tokens_q8_0.load();
+}
 
 // The three-digit GEMV runs for MXFP4 weights on a set that has one.
 bool d3_gemv_for(const KernelSet* ks, int fmt) {
@@ -394,7 +400,7 @@ void moe_combine_job(void* p, int) {
 
 using namespace hm;
 
-HM_API int hm_abi_version() { return 8; }
+HM_API int hm_abi_version() { return 9; }
 
 HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
 
@@ -421,13 +427,15 @@ HM_API int hm_set_num_threads(int n) {
 
 HM_API int hm_get_num_threads() { return g_pool->size(); }
 
-HM_API int hm_set_gemv_max_tokens(int n) {
-    if (n < 0) return kErrBadArg;
-    g_gemv_max_tokens = n;
+// The fp32 crossover of one weight format (fmt), or of both (fmt = 0).
+HM_API int hm_set_gemv_max_tokens(int fmt, int n) {
+    if (n < 0 || (fmt != 0 && !fmt_ok(fmt))) return kErrBadArg;
+    if (fmt == 0 || fmt == kMXFP4) g_gemv_max_tokens_mxfp4 = n;
+    if (fmt == 0 || fmt == kQ8_0) g_gemv_max_tokens_q8_0 = n;
     return 0;
 }
 
-HM_API int hm_get_gemv_max_tokens() { return g_gemv_max_tokens; }
+HM_API int hm_get_gemv_max_tokens(int fmt) { return fmt_ok(fmt) ? int(gemv_max_tokens(kActF32, fmt)) : kErrBadArg; }
 
 HM_API int hm_set_q8_gemv_max_tokens(int n) {
     if (n < 0) return kErrBadArg;
@@ -461,7 +469,7 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
     LinearCtx c;
     c.ks = g_ks;
     c.fmt = fmt;
-    c.tile_path = T > gemv_max_tokens(act);
+    c.tile_path = T > gemv_max_tokens(act, fmt);
     if (act == kActI8) {
         std::vector<const float*> rows(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = x + t * K;
@@ -538,7 +546,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     c.d3 = act == kActI8x3 && d3_gemv_for(g_ks, fmt);
 
     // Group the T*k assignments by expert (counting sort, stable in token order).
-    const int64_t gemv_max = gemv_max_tokens(act);
+    const int64_t gemv_max = gemv_max_tokens(act, fmt);
     std::vector<int64_t> offset(size_t(E) + 1, 0);
     for (int64_t i = 0; i < T * k; ++i) ++offset[size_t(ids[i]) + 1];
     for (int64_t e = 0; e < E; ++e) {

@@ -81,6 +81,31 @@ def test_gemv_and_tile_paths_agree(t, use_isa, act_mode):
     assert rel_err(a, b) < default_tol(LINEAR_TOL, act_mode)
 
 
+@pytest.mark.skipif(not K.available(), reason="the crossover is the compiled library's")
+def test_each_format_has_its_own_fp32_crossover(use_isa):
+    """Default: 40 tokens take the GEMV for MXFP4 weights (its scaled-LUT GEMV keeps up with the
+    GEMM to ~48) and the tile GEMM for Q8_0 (from 17); the same bits as forcing each path.
+    Setting one format's crossover leaves the other's."""
+    rng = np.random.default_rng()
+    x = torch.from_numpy(rng.standard_normal((40, 256), dtype=np.float32))
+    formats = (GGMLType.MXFP4, GGMLType.Q8_0)
+    w = {t: quantized(rng, 50, 256, t) for t in formats}
+    default = {t: K._linear(x, w[t], None, t, K.Activations.FP32) for t in formats}
+    forced = {}
+    for t in formats:
+        forced[t] = {}
+        for path, n in (("gemv", 64), ("tile", 0)):
+            K.set_gemv_max_tokens(n)
+            forced[t][path] = K._linear(x, w[t], None, t, K.Activations.FP32)
+    assert all(not torch.equal(forced[t]["gemv"], forced[t]["tile"]) for t in formats)  # paths tell apart
+    assert torch.equal(default[GGMLType.MXFP4], forced[GGMLType.MXFP4]["gemv"])
+    assert torch.equal(default[GGMLType.Q8_0], forced[GGMLType.Q8_0]["tile"])
+    K.set_gemv_max_tokens(7, ggml_type=GGMLType.Q8_0)
+    assert K.gemv_max_tokens(GGMLType.Q8_0) == 7 and K.gemv_max_tokens(GGMLType.MXFP4) == 0
+    with pytest.raises(ValueError, match="ggml_type"):
+        K.set_gemv_max_tokens(3, ggml_type=GGMLType.F32)
+
+
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("t", TYPES)
 @pytest.mark.parametrize("T", [9, 17, 24])

@@ -8,8 +8,9 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
     set_isa(name)                  force a variant ("auto" = best supported); env HYBRIDMOE_ISA
     set_num_threads(n)             size of the persistent worker pool (default: physical cores,
                                    or env HYBRIDMOE_THREADS); num_threads() reads it
-    set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used (16;
-                                   fast_math=True: fast mode's, 2)
+    set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used
+                                   (fp32: MXFP4 48, Q8_0 16, or one format's with ggml_type=;
+                                   fast_math=True: fast mode's, 2); gemv_max_tokens() reads them
     Activations                    FP32 (default) | INT16 | INT8X3 | INT8 (fast math): every matmul entry
                                    point takes one per call (`act=`), so each model has its own
     ExpertTensors                  one layer's routed experts (mmap views)
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ACT16_REL_ERR", "INT8X3_REL_ERR", "Activations", "ExpertTensors", "LinearGroup", "available", "dequantize", "isa",
-    "digits_active", "linear_mxfp4", "linear_q8_0", "moe_forward", "num_threads", "set_gemv_max_tokens", "set_isa",
+    "digits_active", "gemv_max_tokens", "linear_mxfp4", "linear_q8_0", "moe_forward", "num_threads", "set_gemv_max_tokens", "set_isa",
     "set_num_threads",
 ]
 
@@ -148,15 +149,33 @@ def digits_active() -> bool:
     return _lib_handle is not None and bool(_lib_handle.hm_d3_active())
 
 
-def set_gemv_max_tokens(n: int, *, fast_math: bool = False) -> None:
+def set_gemv_max_tokens(n: int, *, fast_math: bool = False, ggml_type: GGMLType | None = None) -> None:
     """Tokens per expert (or per dense call) up to which the streaming GEMV is used; above it,
-    rows are decoded to an L2-sized float32 tile and multiplied by a register-blocked GEMM
-    (default 16). fast_math=True sets fast mode's own crossover instead: its int8 tile GEMM
+    rows are decoded to an L2-sized float32 tile and multiplied by a register-blocked GEMM.
+    The fp32 crossover is per weight format (MXFP4 48: its GEMV folds the block scale into the
+    LUT and keeps up with the GEMM; Q8_0 16); ggml_type= sets one, None both. fast_math=True
+    sets fast mode's own crossover instead (one for both formats): its int8 tile GEMM
     overtakes the int8 GEMV from a few tokens (default 2)."""
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"gemv_max_tokens must be an int >= 0, got {n!r}")
-    if _lib_handle is not None:
-        (_lib_handle.hm_set_q8_gemv_max_tokens if fast_math else _lib_handle.hm_set_gemv_max_tokens)(n)
+    if ggml_type is not None and (fast_math or ggml_type not in _BLOCK):
+        raise ValueError(f"ggml_type= names an fp32 crossover of MXFP4 or Q8_0, got {ggml_type!r}"
+                         f"{' with fast_math=True' if fast_math else ''}")
+    if _lib_handle is None:
+        return
+    if fast_math:
+        _lib_handle.hm_set_q8_gemv_max_tokens(n)
+    else:
+        _lib_handle.hm_set_gemv_max_tokens(0 if ggml_type is None else int(ggml_type), n)
+
+
+def gemv_max_tokens(ggml_type: GGMLType, *, fast_math: bool = False) -> int:
+    """The crossover set_gemv_max_tokens sets, for one weight format (0 without the library)."""
+    if ggml_type not in _BLOCK:
+        raise ValueError(f"ggml_type must be MXFP4 or Q8_0, got {ggml_type!r}")
+    if _lib_handle is None:
+        return 0
+    return int(_lib_handle.hm_get_q8_gemv_max_tokens() if fast_math else _lib_handle.hm_get_gemv_max_tokens(int(ggml_type)))
 
 
 def _physical_cores() -> int:

@@ -27,8 +27,8 @@ _SIGNATURES = {
     "hm_get_isa": ([], ctypes.c_char_p),
     "hm_set_num_threads": ([_I32], _I32),
     "hm_get_num_threads": ([], _I32),
-    "hm_set_gemv_max_tokens": ([_I32], _I32),
-    "hm_get_gemv_max_tokens": ([], _I32),
+    "hm_set_gemv_max_tokens": ([_I32, _I32], _I32),
+    "hm_get_gemv_max_tokens": ([_I32], _I32),
     "hm_set_q8_gemv_max_tokens": ([_I32], _I32),
     "hm_get_q8_gemv_max_tokens": ([], _I32),
     "hm_quantize_q16": ([_P, _I64, _P, _P], _I64),
@@ -46,7 +46,7 @@ _SIGNATURES = {
     "hm_moe_forward": ([_P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I32, _P, _I64, _P, _I64, _P, _I64,
                         _P, _P, _P, _F, _F, _P, _I32], _I32),
 }
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 
 def _find_library() -> str | None:
