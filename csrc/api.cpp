@@ -37,11 +37,12 @@ std::mutex g_call_mu;  // one op at a time owns the pool and the scratch buffers
 std::unique_ptr<ThreadPool> g_pool;
 const KernelSet* g_ks = nullptr;
 // Tokens per expert (or dense call) up to which the fp32 GEMV beats tile + GEMM, per weight format
-// (bench/kernels.py --gemv-max-tokens moves both). Zen 4, 2 threads, 2880-wide rows, tile time /
-// GEMV time: MXFP4 (scale folded into the LUT, two FMAs per weight pair) 1.1-1.5 up to 48 tokens,
-// 0.95-1.0 at 64-96; Q8_0 1.1 at 14, 0.94-1.04 at 16, ~0.9-1.0 beyond.
-std::atomic<int> g_gemv_max_tokens_mxfp4{48};
-std::atomic<int> g_gemv_max_tokens_q8_0{16};
+// (bench/kernels.py --gemv-max-tokens moves both). MXFP4: the kernel set's own (KernelSet), unless
+// set (-1: not set). Q8_0, Zen 4, 2 threads, 2880-wide rows, tile time / GEMV time: 1.1 at 14
+// tokens, 0.94-1.04 at 16, ~0.9-1.0 beyond.
+constexpr int kQ8GemvMaxTokens = 16;
+std::atomic<int> g_gemv_max_tokens_mxfp4{-1};
+std::atomic<int> g_gemv_max_tokens_q8_0{kQ8GemvMaxTokens};
 // Activation arithmetic, chosen per call (each model instance carries its own):
 //   kActF32:  fp32 activations (exact to fp32 rounding; the default);
 //   kActI16:  the GEMV path (few tokens per expert / dense call) multiplies two-term int16
@@ -57,12 +58,15 @@ bool act_ok(int act) { return act == kActF32 || act == kActI16 || act == kActI8 
 // Fast mode's crossover: the int8 tile GEMM overtakes the int8 GEMV much sooner. Zen 4, 2880 x
 // 2880 MXFP4, 1 and 2 threads, GEMM time / GEMV time: VNNI 1.0-1.1 at 2 tokens, 0.8 at 4,
 // 0.45-0.6 from 6; the AVX2 kernels 1.2 at 2, 0.9 at 4, 0.6-0.75 from 6.
-std::atomic<int> g_q8_gemv_max_tokens{2};
+constexpr int kFastGemvMaxTokens = 2;
+std::atomic<int> g_q8_gemv_max_tokens{kFastGemvMaxTokens};
 
 // Tokens per expert (or dense call) that still take the GEMV path in this activation mode.
 int64_t gemv_max_tokens(int act, int fmt) {
     if (act == kActI8) return g_q8_gemv_max_tokens.load();
-    return fmt == kMXFP4 ? g_gemv_max_tokens_mxfp4.load() : g_gemv_max_tokens_q8_0.load();
+    if (fmt == kQ8_0) return g_gemv_max_tokens_q8_0.load();
+    const int n = g_gemv_max_tokens_mxfp4.load();
+    return n >= 0 ? n : g_ks->mxfp4_gemv_max_tokens;
 }
 
 // The three-digit GEMV runs for MXFP4 weights on a set that has one.
@@ -427,19 +431,19 @@ HM_API int hm_set_num_threads(int n) {
 
 HM_API int hm_get_num_threads() { return g_pool->size(); }
 
-// The fp32 crossover of one weight format (fmt), or of both (fmt = 0).
+// The fp32 crossover of one weight format (fmt), or of both (fmt = 0); n = -1 restores the default.
 HM_API int hm_set_gemv_max_tokens(int fmt, int n) {
-    if (n < 0 || (fmt != 0 && !fmt_ok(fmt))) return kErrBadArg;
+    if (n < -1 || (fmt != 0 && !fmt_ok(fmt))) return kErrBadArg;
     if (fmt == 0 || fmt == kMXFP4) g_gemv_max_tokens_mxfp4 = n;
-    if (fmt == 0 || fmt == kQ8_0) g_gemv_max_tokens_q8_0 = n;
+    if (fmt == 0 || fmt == kQ8_0) g_gemv_max_tokens_q8_0 = n < 0 ? kQ8GemvMaxTokens : n;
     return 0;
 }
 
 HM_API int hm_get_gemv_max_tokens(int fmt) { return fmt_ok(fmt) ? int(gemv_max_tokens(kActF32, fmt)) : kErrBadArg; }
 
-HM_API int hm_set_q8_gemv_max_tokens(int n) {
-    if (n < 0) return kErrBadArg;
-    g_q8_gemv_max_tokens = n;
+HM_API int hm_set_q8_gemv_max_tokens(int n) {  // n = -1 restores the default
+    if (n < -1) return kErrBadArg;
+    g_q8_gemv_max_tokens = n < 0 ? kFastGemvMaxTokens : n;
     return 0;
 }
 

@@ -117,6 +117,9 @@ struct KernelSet {
     // Null where the ISA has none (the caller then uses the fp32 GEMV).
     void (*gemv_d3)(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const uint8_t* const* xq,
                     int nt, float* out, int64_t ldo);
+    // Tokens per expert (or dense call) up to which this set's fp32 MXFP4 GEMV beats its tile GEMM
+    // (measured; the default until set_gemv_max_tokens overrides it).
+    int mxfp4_gemv_max_tokens;
 };
 
 constexpr int kQgemmMaxTokens = 16;  // qgemm's token groups are decoded once per pair of 8

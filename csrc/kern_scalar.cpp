@@ -234,6 +234,6 @@ void gemv_d3(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, con
 
 const KernelSet kScalarKernels = {"scalar", prep_x, gemv, decode, pack_rows, gemm, gemv_q8,
                                   scalar::attn_group, qgemm, gemm_q8, quantize_x_q8, swiglu_ref,
-                                  quantize_x_q16, gemv_q16, quantize_x_d3, scalar::gemv_d3};
+                                  quantize_x_q16, gemv_q16, quantize_x_d3, scalar::gemv_d3, 16};
 
 }  // namespace hm

@@ -5,12 +5,6 @@ from __future__ import annotations
 import pytest
 
 import hybridmoe.kernels as K
-from hybridmoe.gguf.constants import GGMLType
-
-
-# The library's crossovers as loaded, before any test moves them.
-_CROSSOVERS = {t: K.gemv_max_tokens(t) for t in (GGMLType.MXFP4, GGMLType.Q8_0)}
-_FAST_CROSSOVER = K.gemv_max_tokens(GGMLType.MXFP4, fast_math=True)
 
 
 @pytest.fixture
@@ -19,9 +13,8 @@ def use_isa(request):
     yield lambda name: K.set_isa(name)
     if K.available():
         K.set_isa("auto")
-        for t, n in _CROSSOVERS.items():
-            K.set_gemv_max_tokens(n, ggml_type=t)
-        K.set_gemv_max_tokens(_FAST_CROSSOVER, fast_math=True)
+        K.set_gemv_max_tokens(None)  # the library's defaults
+        K.set_gemv_max_tokens(None, fast_math=True)
         K.set_num_threads(1)
 
 

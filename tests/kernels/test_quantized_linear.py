@@ -81,11 +81,15 @@ def test_gemv_and_tile_paths_agree(t, use_isa, act_mode):
     assert rel_err(a, b) < default_tol(LINEAR_TOL, act_mode)
 
 
-@pytest.mark.skipif(not K.available(), reason="the crossover is the compiled library's")
-def test_each_format_has_its_own_fp32_crossover(use_isa):
-    """Default: 40 tokens take the GEMV for MXFP4 weights (its scaled-LUT GEMV keeps up with the
-    GEMM to ~48) and the tile GEMM for Q8_0 (from 17); the same bits as forcing each path.
-    Setting one format's crossover leaves the other's."""
+@pytest.mark.parametrize("isa", isa_params())
+def test_each_format_has_its_own_fp32_crossover(isa, use_isa):
+    """By default 40 tokens take the GEMV for MXFP4 weights where the kernel set's GEMV keeps up
+    with its GEMM that long (AVX-512: to 48 tokens; AVX2 and scalar: 14 and 16), and the tile GEMM
+    for Q8_0 (from 17): the same bits as forcing that path. Setting one format's crossover leaves
+    the other's; None restores the defaults."""
+    use_isa(isa)
+    mx_default = {"avx512": 48, "avx2": 14, "scalar": 16}[isa]
+    assert K.gemv_max_tokens(GGMLType.MXFP4) == mx_default and K.gemv_max_tokens(GGMLType.Q8_0) == 16
     rng = np.random.default_rng()
     x = torch.from_numpy(rng.standard_normal((40, 256), dtype=np.float32))
     formats = (GGMLType.MXFP4, GGMLType.Q8_0)
@@ -98,10 +102,12 @@ def test_each_format_has_its_own_fp32_crossover(use_isa):
             K.set_gemv_max_tokens(n)
             forced[t][path] = K._linear(x, w[t], None, t, K.Activations.FP32)
     assert all(not torch.equal(forced[t]["gemv"], forced[t]["tile"]) for t in formats)  # paths tell apart
-    assert torch.equal(default[GGMLType.MXFP4], forced[GGMLType.MXFP4]["gemv"])
+    assert torch.equal(default[GGMLType.MXFP4], forced[GGMLType.MXFP4]["gemv" if mx_default >= 40 else "tile"])
     assert torch.equal(default[GGMLType.Q8_0], forced[GGMLType.Q8_0]["tile"])
     K.set_gemv_max_tokens(7, ggml_type=GGMLType.Q8_0)
     assert K.gemv_max_tokens(GGMLType.Q8_0) == 7 and K.gemv_max_tokens(GGMLType.MXFP4) == 0
+    K.set_gemv_max_tokens(None)
+    assert K.gemv_max_tokens(GGMLType.MXFP4) == mx_default and K.gemv_max_tokens(GGMLType.Q8_0) == 16
     with pytest.raises(ValueError, match="ggml_type"):
         K.set_gemv_max_tokens(3, ggml_type=GGMLType.F32)
 

@@ -9,8 +9,9 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
     set_num_threads(n)             size of the persistent worker pool (default: physical cores,
                                    or env HYBRIDMOE_THREADS); num_threads() reads it
     set_gemv_max_tokens(n)         tokens per expert up to which the streaming GEMV is used
-                                   (fp32: MXFP4 48, Q8_0 16, or one format's with ggml_type=;
-                                   fast_math=True: fast mode's, 2); gemv_max_tokens() reads them
+                                   (fp32, per format and kernel set: MXFP4 48 on AVX-512, 14 on
+                                   AVX2, Q8_0 16; fast_math=True: fast mode's, 2; None: the
+                                   defaults); gemv_max_tokens(ggml_type) reads them
     Activations                    FP32 (default) | INT16 | INT8X3 | INT8 (fast math): every matmul entry
                                    point takes one per call (`act=`), so each model has its own
     ExpertTensors                  one layer's routed experts (mmap views)
@@ -149,24 +150,26 @@ def digits_active() -> bool:
     return _lib_handle is not None and bool(_lib_handle.hm_d3_active())
 
 
-def set_gemv_max_tokens(n: int, *, fast_math: bool = False, ggml_type: GGMLType | None = None) -> None:
+def set_gemv_max_tokens(n: int | None, *, fast_math: bool = False, ggml_type: GGMLType | None = None) -> None:
     """Tokens per expert (or per dense call) up to which the streaming GEMV is used; above it,
     rows are decoded to an L2-sized float32 tile and multiplied by a register-blocked GEMM.
-    The fp32 crossover is per weight format (MXFP4 48: its GEMV folds the block scale into the
-    LUT and keeps up with the GEMM; Q8_0 16); ggml_type= sets one, None both. fast_math=True
-    sets fast mode's own crossover instead (one for both formats): its int8 tile GEMM
-    overtakes the int8 GEMV from a few tokens (default 2)."""
-    if not isinstance(n, int) or n < 0:
-        raise ValueError(f"gemv_max_tokens must be an int >= 0, got {n!r}")
+    The fp32 crossover is per weight format, measured per kernel set (MXFP4: 48 on AVX-512,
+    whose GEMV folds the block scale into the LUT, 14 on AVX2; Q8_0: 16); ggml_type= sets one
+    format's, None both. fast_math=True sets fast mode's own crossover instead (one for both
+    formats): its int8 tile GEMM overtakes the int8 GEMV from a few tokens (default 2).
+    n=None restores the default."""
+    if n is not None and (not isinstance(n, int) or n < 0):
+        raise ValueError(f"gemv_max_tokens must be an int >= 0 or None, got {n!r}")
     if ggml_type is not None and (fast_math or ggml_type not in _BLOCK):
         raise ValueError(f"ggml_type= names an fp32 crossover of MXFP4 or Q8_0, got {ggml_type!r}"
                          f"{' with fast_math=True' if fast_math else ''}")
     if _lib_handle is None:
         return
+    c_n = -1 if n is None else n
     if fast_math:
-        _lib_handle.hm_set_q8_gemv_max_tokens(n)
+        _lib_handle.hm_set_q8_gemv_max_tokens(c_n)
     else:
-        _lib_handle.hm_set_gemv_max_tokens(0 if ggml_type is None else int(ggml_type), n)
+        _lib_handle.hm_set_gemv_max_tokens(0 if ggml_type is None else int(ggml_type), c_n)
 
 
 def gemv_max_tokens(ggml_type: GGMLType, *, fast_math: bool = False) -> int:
