@@ -81,6 +81,9 @@ def test_sampling_params_seed_and_logprobs(client):
     assert len(content) >= 1
     assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
     assert content[0].top_logprobs[0].logprob == pytest.approx(content[0].logprob)  # greedy = top-1
+    # llama-server adds each token's id (OpenAI's fields stay as they are)
+    ids = [t.model_extra["id"] for t in content]
+    assert all(isinstance(i, int) for i in ids) and content[0].top_logprobs[0].model_extra["id"] == ids[0]
 
 
 def test_max_completion_tokens_and_usage_only_when_asked(client):

@@ -41,6 +41,24 @@ def sse(srv: ServerProcess, path: str, body: dict, key: str | None = API_KEY) ->
 
 # ---- native /completion -----------------------------------------------------------------------
 
+@pytest.mark.parametrize("ctype", ["application/x-www-form-urlencoded", "text/plain"])
+def test_json_bodies_are_read_whatever_the_content_type(server, ctype):
+    """`curl -d '{...}'` without -H sends form encoding; llama-server reads the body as JSON anyway,
+    and so do we (the same result as with the JSON content type). A body that is not JSON is still
+    a 400 naming the problem."""
+    body = {"prompt": "Once upon a time", "n_predict": 4, **GREEDY}
+    status, as_json = server.request("POST", "/completion", body)
+    status2, as_form = server.request("POST", "/completion", json.dumps(body).encode(), headers={"Content-Type": ctype})
+    assert status == status2 == 200, as_form
+    assert as_form["content"] == as_json["content"] and as_form["tokens_predicted"] == 4
+    chat = {"messages": MSGS, "max_tokens": 3, **GREEDY}
+    status, r = server.request("POST", "/v1/chat/completions", json.dumps(chat).encode(), headers={"Content-Type": ctype})
+    assert status == 200 and r["usage"]["completion_tokens"] == 3, r
+    status, err = server.request("POST", "/completion", b"prompt=hello", headers={"Content-Type": ctype})
+    assert status == 400 and "JSON" in err["error"]["message"], err
+
+
+
 def test_native_completion_string_prompt_matches_generate(server, served_llm):
     status, r = server.request("POST", "/completion", {"prompt": "Once upon a time", "n_predict": 6,
                                                       "return_tokens": True, **GREEDY})
@@ -333,6 +351,17 @@ def test_flags_seed_alias_tags_n_predict_verbose(flagged):
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]  # --seed 42
     assert a["__verbose"]["generation_settings"]["seed"] == 42 and a["__verbose"]["stop"] is True
     assert a["model"] == "tiny-a"
+
+
+@pytest.mark.parametrize("path", ["/infill", "/embedding", "/embeddings", "/v1/embeddings", "/rerank",
+                                  "/reranking", "/v1/rerank", "/v1/reranking"])
+def test_routes_for_other_model_kinds_answer_501(server, path):
+    """llama-server answers these with 501 not_supported_error for a model without the ability
+    (no FIM tokens, no --embeddings / --reranking); so do we, saying why, rather than 404."""
+    status, err = server.request("POST", path, {"content": "a", "input": "a", "query": "a", "documents": ["b"],
+                                                "input_prefix": "a", "input_suffix": "b"})
+    assert status == 501 and err["error"]["type"] == "not_supported_error", err
+    assert "gpt-oss" in err["error"]["message"]
 
 
 def test_flags_no_slots_and_context_shift(flagged):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,9 +212,30 @@ def create_app(state: ServerState) -> FastAPI:
                            type="not_supported_error")
         return PlainTextResponse(serving().metrics_text(), media_type="text/plain; version=0.0.4")
 
+    # llama-server's routes for other kinds of model: the same 501 a client gets from it for a
+    # model without that ability, not a bare 404.
+    for paths, why in _NOT_SUPPORTED:
+        for path in paths:
+            app.add_api_route(path, _not_supported(why), methods=["POST"], include_in_schema=False)
+
     add_webui_routes(app)
     register_native_routes(app, serving)
     return app
+
+
+_NOT_SUPPORTED = (
+    (("/infill",), "Infill is not supported by this model: gpt-oss has no fill-in-the-middle tokens"),
+    (("/embedding", "/embeddings", "/v1/embeddings"),
+     "This server does not support embeddings: it serves generative gpt-oss models only"),
+    (("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"),
+     "This server does not support reranking: it serves generative gpt-oss models only"),
+)
+
+
+def _not_supported(why: str) -> Callable[[], Any]:
+    async def route() -> Any:
+        raise APIError(501, why, type="not_supported_error")
+    return route
 
 
 def _respond(result: dict[str, Any] | AsyncIterator[str]) -> Any:

@@ -1,5 +1,6 @@
 """ASGI guards in front of the routes: the request body size limit, invalid Unicode in JSON
-bodies, and HEAD answered wherever GET is.
+bodies, every body read as JSON whatever its Content-Type (as llama-server does), and HEAD
+answered wherever GET is.
 
 Plain ASGI (not `@app.middleware`) so `receive` reaches the handlers untouched after the body
 is replayed: they still see a client disconnect at once.
@@ -51,7 +52,9 @@ def _too_large(limit: int, size: int | None) -> APIError:
 class BodyGuard:
     """Bodies of POST/PUT/PATCH requests: 413 above `max_bytes` (from Content-Length before
     reading anything, else while reading), 400 naming the field for a string holding a lone
-    UTF-16 surrogate (the tokenizer and JSON encoders reject those deep inside)."""
+    UTF-16 surrogate (the tokenizer and JSON encoders reject those deep inside). A non-empty
+    body goes on as JSON whatever its Content-Type: `curl -d '{...}'` sends form encoding, and
+    llama-server parses it all the same (a body that is not JSON still gets the route's 400)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -90,7 +93,15 @@ class BodyGuard:
             if found is not None:
                 await _answer(found, send)
                 return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(_as_json(scope) if body else scope, _replay(body, receive), send)
+
+
+def _as_json(scope: Scope) -> Scope:
+    ctype = _header(scope, b"content-type")
+    if ctype is not None and b"json" in ctype.lower():
+        return scope
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
 
 
 def _header(scope: Scope, wanted: bytes) -> bytes | None:

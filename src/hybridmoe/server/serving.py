@@ -296,7 +296,7 @@ class Serving:
     def _logprob_entry(self, lp: Any) -> dict[str, Any]:
         def one(tid: int, val: float) -> dict[str, Any]:
             b = self.tokenizer.token_bytes(tid)
-            return {"token": b.decode("utf-8", errors="replace"), "logprob": val, "bytes": list(b)}
+            return {"id": tid, "token": b.decode("utf-8", errors="replace"), "logprob": val, "bytes": list(b)}  # id: as llama-server
 
         return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
 
