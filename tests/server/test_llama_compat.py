@@ -344,6 +344,9 @@ def test_flags_seed_alias_tags_n_predict_verbose(flagged):
     _, models = flagged.request("GET", "/v1/models")
     m = models["data"][0]
     assert m["id"] == "tiny-a" and m["aliases"] == ["tiny-a", "tiny-b"] and m["tags"] == ["small", "test"]
+    assert m["meta"]["n_ctx"] == props["default_generation_settings"]["n_ctx"] and m["meta"]["n_vocab"] > 0
+    assert m["architecture"] == {"input_modalities": ["text"], "output_modalities": ["text"]}
+    assert [x["name"] for x in models["models"]] == ["tiny-a"]  # llama-server's Ollama-style list
     body = {"messages": MSGS, "temperature": 1.0, "ignore_eos": True}
     _, a = flagged.request("POST", "/v1/chat/completions", body)
     _, b = flagged.request("POST", "/v1/chat/completions", body)

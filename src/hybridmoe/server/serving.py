@@ -560,12 +560,20 @@ class Serving:
         return {"object": "response.input_tokens", "input_tokens": len(ids)}
 
     def models(self) -> dict[str, Any]:
+        """OpenAI's list (`data`) with llama-server's additions: `meta`, `architecture`, and the
+        Ollama-style `models` list beside it."""
         info = self.engine.model_info
-        meta = {"n_vocab": info.vocab_size, "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd,
-                "n_params": info.n_params, "size": info.size_bytes}
-        return {"object": "list", "data": [{"id": self.model_id, "aliases": self.config.aliases(),
-                                            "tags": list(self.config.tags), "object": "model",
-                                            "created": self.created, "owned_by": "hybridmoe", "meta": meta}]}
+        meta = {"n_vocab": info.vocab_size, "n_ctx": self.engine.ctx_size_per_slot, "n_ctx_train": info.n_ctx_train,
+                "n_embd": info.n_embd, "n_params": info.n_params, "size": info.size_bytes}
+        text_only = {"input_modalities": ["text"], "output_modalities": ["text"]}
+        ollama = {"name": self.model_id, "model": self.model_id, "modified_at": "", "size": "", "digest": "",
+                  "type": "model", "description": "", "tags": list(self.config.tags), "capabilities": ["completion"],
+                  "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "", "families": [],
+                                                "parameter_size": "", "quantization_level": ""}}
+        return {"models": [ollama], "object": "list",
+                "data": [{"id": self.model_id, "aliases": self.config.aliases(), "tags": list(self.config.tags),
+                          "object": "model", "architecture": text_only, "created": self.created,
+                          "owned_by": "hybridmoe", "meta": meta}]}
 
     def props(self) -> dict[str, Any]:
         d = self.config.defaults
