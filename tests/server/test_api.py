@@ -124,7 +124,10 @@ def test_legacy_completions(client):
     r = client.completions.create(model="tiny-test", prompt="Once upon a time", max_tokens=5, temperature=0,
                                   logprobs=1, extra_body={"ignore_eos": True})
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
-    assert len(r.choices[0].logprobs.token_logprobs) == 5
+    lp = r.choices[0].logprobs
+    assert len(lp.token_logprobs) == 5
+    content = lp.model_extra["content"]  # llama-server's form of the same logprobs
+    assert [c["logprob"] for c in content] == lp.token_logprobs and [c["token"] for c in content] == lp.tokens
     streamed = client.completions.create(model="tiny-test", prompt="Once upon a time", max_tokens=5,
                                          temperature=0, stream=True, extra_body={"ignore_eos": True})
     assert "".join(c.choices[0].text for c in streamed if c.choices) == r.choices[0].text

@@ -460,11 +460,14 @@ class Serving:
         return await self._completion_full(handles, head, disconnected, echo)
 
     def _legacy_logprobs(self, lps: list[Any]) -> dict[str, Any]:
+        """OpenAI's legacy completion logprobs, plus `content` in the chat form (what llama-server's
+        /v1/completions gives instead), so clients of either read theirs."""
         piece = self.tokenizer.token_text
         return {
             "tokens": [piece(lp.token) for lp in lps],
             "token_logprobs": [lp.logprob for lp in lps],
             "top_logprobs": [{piece(t): v for t, v in lp.top} for lp in lps],
+            "content": [self._logprob_entry(lp) for lp in lps],
         }
 
     async def _completion_full(self, handles: list[RequestHandle], head: dict[str, Any],
