@@ -431,7 +431,16 @@ def test_slots_fail_on_no_slot_when_all_busy(served_model, tmp_path_factory):
             while status == 200 and time.monotonic() < deadline and not busy.done():
                 status, body = srv.request("GET", "/slots?fail_on_no_slot=1")
             assert status == 503 and body["error"]["type"] == "unavailable_error"
+            _, (slot,) = srv.request("GET", "/slots")  # llama-server's fields for a busy slot
+            assert slot["is_processing"] or busy.done()
+            if slot["is_processing"]:
+                nxt = slot["next_token"][0]
+                assert nxt["has_next_token"] and nxt["n_remain"] + nxt["n_decoded"] == 400
+                assert slot["params"]["n_predict"] == 400 and slot["params"]["temperature"] == 0
+                assert slot["n_prompt_tokens"] >= 1 and slot["speculative"] is False
             assert busy.result(timeout=120)[0] == 200
+            _, (idle,) = srv.request("GET", "/slots")
+            assert not idle["is_processing"] and idle["next_token"][0]["n_remain"] == -1
     finally:
         stop_server(srv)
 

@@ -271,6 +271,11 @@ class Engine:
                 "id_task": seq.request.request_id if seq is not None else None,
                 "n_decoded": seq.n_generated if seq is not None else 0,
                 "n_prompt_cached": seq.n_cached if seq is not None else 0,  # prompt tokens reused from a cache
+                "n_prompt_tokens": len(seq.prompt) if seq is not None else 0,
+                "n_prompt_pending": len(seq.pending) if seq is not None else 0,  # not yet fed
+                "max_tokens": seq.request.params.max_tokens if seq is not None else -1,
+                "sampling": seq.request.params if seq is not None else None,
+                "n_probs": (seq.request.logprobs or 0) if seq is not None else 0,
             })
         with self._cv:
             waiting = len(self._inbox) + len(self.scheduler.waiting)

@@ -601,10 +601,26 @@ class Serving:
         }
 
     def slots(self) -> list[dict[str, Any]]:
+        """llama-server's /slots fields (for its dashboards and scripts), then our cache counters."""
         out = []
         for s in self.engine.status()["slots"]:
-            s["params"] = {"chat_format": "GPT-OSS", "reasoning_format": self.config.reasoning_format}
-            out.append(s)
+            sp = s.pop("sampling")
+            pending, n_max = s.pop("n_prompt_pending"), s.pop("max_tokens")
+            params: dict[str, Any] = {"chat_format": "GPT-OSS", "reasoning_format": self.config.reasoning_format,
+                                      "n_probs": s.pop("n_probs")}
+            if sp is not None:
+                params.update(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
+                              seed=4294967295 if sp.seed is None or sp.seed < 0 else sp.seed,
+                              n_predict=n_max, max_tokens=n_max, ignore_eos=sp.ignore_eos)
+            n_prompt = s["n_prompt_tokens"]
+            out.append({
+                **s, "speculative": False, "params": params,
+                "n_prompt_tokens_cache": s["n_prompt_cached"],
+                "n_prompt_tokens_processed": max(0, n_prompt - pending - s["n_prompt_cached"]),
+                "next_token": [{"has_next_token": s["is_processing"], "has_new_line": False,
+                                "n_remain": n_max - s["n_decoded"] if s["is_processing"] else -1,
+                                "n_decoded": s["n_decoded"]}],
+            })
         return out
 
     def slot_action(self, id_slot: int, action: str, filename: str | None) -> dict[str, Any]:
