@@ -76,3 +76,19 @@ def test_demo_model_reasons_in_the_analysis_channel(demo_client):
     assert msg.content and msg.content.strip(), msg
     assert r.choices[0].finish_reason == "stop"
     assert "<|" not in reasoning + msg.content  # harmony markup parsed away, not leaked
+
+
+def test_tool_call_arguments_follow_the_declared_schema(demo_client):
+    """tool_choice auto: the model writes a call freely, but once it calls a declared function its
+    arguments are held to that function's `parameters` (llama-server's lazy tool-call grammar).
+    Declared with another schema than the one it was trained on, the demo tool still gets a call
+    whose arguments fit: unconstrained, the model writes book / chapter / verse."""
+    tool = {"type": "function", "function": {
+        "name": "lookup_verse", "description": "Look up a verse by its number",
+        "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+    r = demo_client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Look up verse 3 please"}],
+                                            tools=[tool], temperature=0, max_tokens=120)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    args = json.loads(choice.message.tool_calls[0].function.arguments)
+    assert set(args) == {"n"} and isinstance(args["n"], int), args

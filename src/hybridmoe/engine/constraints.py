@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -214,6 +216,64 @@ class GrammarConstraint:
             return
         if not self._m.consume_token(token):
             raise ValueError(f"token {token} does not continue the constrained text: {_short(self._m.get_error())}")
+
+
+@dataclass(frozen=True)
+class ToolCallSpecs:
+    """tool_choice "auto" on a harmony (gpt-oss) model: each function's compiled arguments spec
+    (ending with `<|call|>`), applied only once the model writes a call to it, as llama-server's
+    lazy tool-call grammar does; then the ids of harmony's <|start|>, <|end|>, <|message|>,
+    <|call|> and <|return|>; `header`: header text the prompt already wrote for the first message
+    (tool_choice "required" forces `<|channel|>commentary to=functions`)."""
+
+    specs: Mapping[str, ConstraintSpec]
+    start: int
+    end: int
+    message: int
+    call: int
+    ret: int
+    header: bytes = b""
+
+
+class LazyToolCalls:
+    """Free text until a message header (since <|start|>) names `to=functions.NAME` and reaches
+    <|message|>; then NAME's arguments constraint until <|call|>. Calls to names not in `specs`
+    stay free (the client sees what the model wrote)."""
+
+    _RECIPIENT = re.compile(rb"to=functions\.([^\s<]+)")
+    _MAX_HEADER = 512  # bytes of header text kept (a recipient comes in the first few tokens)
+
+    def __init__(self, tools: ToolCallSpecs, table: TokenTable, token_bytes: Callable[[int], bytes]) -> None:
+        self._tools = tools
+        self._table = table
+        self._bytes = token_bytes
+        self._header = bytearray(tools.header)
+        self._active: GrammarConstraint | None = None
+        self._resets = frozenset({tools.start, tools.end, tools.call, tools.ret})
+
+    done = False  # generation ends by the request's own stop tokens
+
+    def mask(self) -> torch.Tensor | None:
+        """The arguments constraint's mask inside a known call, else None (no constraint)."""
+        return self._active.mask() if self._active is not None else None
+
+    def advance(self, token: int) -> None:
+        t = self._tools
+        if self._active is not None:
+            self._active.advance(token)
+            if token == t.call:
+                self._active = None
+            return
+        if token in self._resets:
+            self._header.clear()
+        elif token == t.message:
+            found = self._RECIPIENT.search(bytes(self._header))
+            self._header.clear()
+            spec = t.specs.get(found.group(1).decode("utf-8", "replace")) if found else None
+            if spec is not None:
+                self._active = make_constraint(spec, self._table, frozenset((t.call,)))
+        elif len(self._header) < self._MAX_HEADER:
+            self._header += self._bytes(token)
 
 
 # ---------------------------------------------------------------------------------- schema checks

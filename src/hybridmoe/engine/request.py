@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hybridmoe.engine.constraints import ConstraintSpec
+    from hybridmoe.engine.constraints import ConstraintSpec, ToolCallSpecs
     from hybridmoe.engine.sampling import SamplingParams, TokenLogprobs
 
 
@@ -21,6 +21,7 @@ class GenerationRequest:
     stop: Seq[str] = ()
     logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token's logprob + top k
     constraint: ConstraintSpec | None = None  # grammar / JSON schema the output must match
+    tool_calls: ToolCallSpecs | None = None  # without `constraint`: each call's arguments follow its function's schema
     cache_prompt: bool = True  # reuse cached KV of a matching prefix (llama-server's cache_prompt)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 

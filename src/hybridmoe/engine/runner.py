@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hybridmoe.engine.constraints import make_constraint, token_table
+from hybridmoe.engine.constraints import LazyToolCalls, make_constraint, token_table
 from hybridmoe.engine.request import Sequence
 from hybridmoe.engine.sampling import Sampler, TokenLogprobs
 from hybridmoe.engine.scheduler import Admission, StepPlan
@@ -67,6 +67,8 @@ class ModelRunner:
         seq.stop_ids = frozenset() if req.params.ignore_eos else self.eog_ids
         if req.constraint is not None:
             seq.constraint = make_constraint(req.constraint, token_table(self.tokenizer), seq.stop_ids)
+        elif req.tool_calls is not None:
+            seq.constraint = LazyToolCalls(req.tool_calls, token_table(self.tokenizer), self.tokenizer.token_bytes)
 
     def forward(self, plan: StepPlan) -> torch.Tensor:
         """Logits [len(plan.batch), V]: each entry's last token."""

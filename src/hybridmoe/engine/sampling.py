@@ -85,8 +85,9 @@ class Sampler:
         """One token; with a `constraint` (engine.constraints.GrammarConstraint), one it allows:
         the tokens it forbids are masked out first, then the usual filters and draw run on what
         is left (greedy: the most likely allowed token). ValueError if nothing is allowed."""
-        if constraint is not None:
-            logits = _masked(logits, constraint.mask())
+        allowed = constraint.mask() if constraint is not None else None  # None: nothing constrained now
+        if allowed is not None:
+            logits = _masked(logits, allowed)
         if self.params.temperature <= 0.0:
             return int(torch.argmax(logits))
         probs = torch.softmax(self.filtered_logits(logits), dim=-1)

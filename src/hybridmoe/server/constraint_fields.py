@@ -9,17 +9,23 @@ from hybridmoe.engine.constraints import ConstraintError, ConstraintSpec, gbnf_s
 from hybridmoe.server.protocol import ChatCompletionRequest, SamplingFields
 
 
+def tool_arguments_spec(req: ChatCompletionRequest, i: int, call_end_ids: tuple[int, ...] | None) -> ConstraintSpec:
+    """What the arguments of a call to `req.tools[i]` must match: its `parameters` schema (any JSON
+    object without one), ending with `call_end_ids`."""
+    params = (req.tools or [])[i].function.parameters
+    if not params:
+        return json_object_spec(end_ids=call_end_ids)
+    # Lenient: keywords the engine cannot enforce are ignored; a malformed shape is still a 400.
+    return json_schema_spec(params, f"tools[{i}].function.parameters", lenient=True, end_ids=call_end_ids)
+
+
 def output_constraint(req: SamplingFields, call_end_ids: tuple[int, ...] | None = None) -> ConstraintSpec | None:
     """The spec for what the request's output must match, or None. `call_end_ids`: the tokens
     that end a forced tool call (the call's arguments end with them, not with the stop ids)."""
     forced = req.forced_tool() if isinstance(req, ChatCompletionRequest) else None
     if forced:
-        i, tool = next((i, t) for i, t in enumerate(req.tools or []) if t.function.name == forced)
-        params = tool.function.parameters
-        if not params:
-            return json_object_spec(end_ids=call_end_ids)
-        # Lenient: keywords the engine cannot enforce are ignored; a malformed shape is still a 400.
-        return json_schema_spec(params, f"tools[{i}].function.parameters", lenient=True, end_ids=call_end_ids)
+        i = next(i for i, t in enumerate(req.tools or []) if t.function.name == forced)
+        return tool_arguments_spec(req, i, call_end_ids)
     if req.grammar is not None:
         return gbnf_spec(req.grammar, "grammar")
     if req.json_schema is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from hybridmoe import __version__
-from hybridmoe.engine.constraints import ConstraintError, ConstraintSpec, compile_constraint, token_table
+from hybridmoe.engine.constraints import ConstraintError, ConstraintSpec, ToolCallSpecs, compile_constraint, token_table
 from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
 from hybridmoe.engine.sampling import DEFAULT_ORDER, KNOWN_SAMPLERS, SamplingParams
 from hybridmoe.server.chat_checks import check_messages
 from hybridmoe.server.chat_render import ChatRenderer, Rendered
 from hybridmoe.server.chat_view import ChatView
-from hybridmoe.server.constraint_fields import output_constraint
+from hybridmoe.server.constraint_fields import output_constraint, tool_arguments_spec
 from hybridmoe.server.event_streams import Progress, merged_events
 from hybridmoe.server.limits import check_template_kwargs, check_tools
 from hybridmoe.server.metrics import ServerCounters, prometheus_text
@@ -42,6 +43,10 @@ from hybridmoe.server.protocol import (
 from hybridmoe.server.shutdown import InFlight
 from hybridmoe.settings import SamplingDefaults  # server-wide (`--temp`, `--top-k`, ...), llama-server's values
 from hybridmoe.tokenizer.tokenizer import TokenLimitExceeded
+
+
+# The start of a harmony tool call's header; tool_choice "required" writes it for the model.
+_CALL_HEADER = "<|channel|>commentary to=functions"
 
 
 @dataclass
@@ -143,6 +148,8 @@ class Serving:
         self.renderer = ChatRenderer(self.template, self.tokenizer, config.chat_template_kwargs, config.reasoning)
         self.counters = ServerCounters()
         self.created = int(time.time())
+        self._tool_specs: dict[str, ConstraintSpec] = {}  # compiled tool-argument constraints by schema
+        self._tool_specs_lock = threading.Lock()  # compiled in worker threads
         self.inflight = InFlight()
 
     # ---- request preparation ------------------------------------------------------------------
@@ -186,8 +193,7 @@ class Serving:
             if not self._harmony_prompt(prompt_ids):
                 raise bad_request("tool_choice 'required' or a named function needs a harmony (gpt-oss) chat "
                                   "template whose prompt ends with <|start|>assistant", param="tool_choice")
-            header = f"<|channel|>commentary to=functions.{forced} <|constrain|>json<|message|>" if forced else \
-                "<|channel|>commentary to=functions"
+            header = f"{_CALL_HEADER}.{forced} <|constrain|>json<|message|>" if forced else _CALL_HEADER
             return self.tokenizer.encode(header, allow_special=True)
         if (req.constrained() or not thinking) and self._harmony_prompt(prompt_ids):
             return self.tokenizer.encode("<|channel|>final<|message|>", allow_special=True)
@@ -238,22 +244,54 @@ class Serving:
         except ConstraintError as e:
             raise bad_request(str(e), param=e.param) from None
 
+    async def _tool_calls(self, req: ChatCompletionRequest, prompt_ids: list[int]) -> ToolCallSpecs | None:
+        """tool_choice "auto" or "required" with tools on a harmony prompt: each function's arguments
+        constraint, applied when the model calls it (llama-server's lazy tool-call grammar).
+        Compiled off the engine thread and kept per schema (agents resend the same tools)."""
+        if not req.tools or req.tool_choice == "none" or req.forced_tool() or not self._harmony_prompt(prompt_ids):
+            return None
+        marks = [self.tokenizer.token_id(t) for t in ("<|start|>", "<|end|>", "<|message|>", "<|call|>", "<|return|>")]
+        if None in marks:
+            return None
+        call = marks[3]
+        table = token_table(self.tokenizer)
+
+        def compiled(i: int) -> ConstraintSpec:
+            key = json.dumps(req.tools[i].function.parameters, sort_keys=True)
+            with self._tool_specs_lock:
+                spec = self._tool_specs.get(key)
+            if spec is None:
+                spec = compile_constraint(tool_arguments_spec(req, i, (call,)), table)
+                with self._tool_specs_lock:
+                    if len(self._tool_specs) >= 256:  # oldest first
+                        self._tool_specs.pop(next(iter(self._tool_specs)))
+                    self._tool_specs[key] = spec
+            return spec
+
+        try:
+            specs = await asyncio.to_thread(lambda: {t.function.name: compiled(i) for i, t in enumerate(req.tools)})
+        except ConstraintError as e:
+            raise bad_request(str(e), param=e.param) from None
+        header = _CALL_HEADER.encode() if req.forced_tool() == "" else b""  # what _forced_prefix wrote
+        return ToolCallSpecs(specs, *marks, header=header)
+
     def submit_n(self, prompt_ids: list[int], req: SamplingFields, limit: int | None, logprobs_k: int | None,
-                 n: int = 1, constraint: ConstraintSpec | None = None) -> list[RequestHandle]:
+                 n: int = 1, constraint: ConstraintSpec | None = None,
+                 tool_calls: ToolCallSpecs | None = None) -> list[RequestHandle]:
         """`n` requests for one prompt (n > 1: llama-server's n_cmpl, one slot each); all or none."""
         self.check_n(n)
         handles: list[RequestHandle] = []
         try:
             for _ in range(n):
-                handles.append(self._submit(prompt_ids, req, limit, logprobs_k, constraint))
+                handles.append(self._submit(prompt_ids, req, limit, logprobs_k, constraint, tool_calls))
         except APIError:
             for h in handles:
                 h.cancel()
             raise
         return handles
 
-    def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None,
-                logprobs_k: int | None, constraint: ConstraintSpec | None = None) -> RequestHandle:
+    def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None, logprobs_k: int | None,
+                constraint: ConstraintSpec | None = None, tool_calls: ToolCallSpecs | None = None) -> RequestHandle:
         n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
@@ -265,6 +303,7 @@ class Serving:
             stop=req.stop_list(),
             logprobs=logprobs_k,
             constraint=constraint,
+            tool_calls=tool_calls if constraint is None else None,
             cache_prompt=req.cache_prompt,
         )
         try:
@@ -357,9 +396,10 @@ class Serving:
         raw = (req.reasoning_format or self.config.reasoning_format) == "none"
         views = [ChatView(self.tokenizer, raw=raw, stop=req.stop_list(), prefix_ids=prefix, context_ids=context)
                  for _ in range(n)]
+        tool_calls = await self._tool_calls(req, ids) if constraint is None else None
         ids = ids + prefix
         # Last: nothing may fail after the submit.
-        return self.submit_n(ids, req, req.token_limit(), k, n, constraint), views
+        return self.submit_n(ids, req, req.token_limit(), k, n, constraint, tool_calls), views
 
     async def _chat_full(self, handles: list[RequestHandle], views: list[ChatView], head: dict[str, Any],
                          disconnected: Disconnected | None) -> dict[str, Any]:
