@@ -220,7 +220,7 @@ class GrammarConstraint:
 
 @dataclass(frozen=True)
 class ToolCallSpecs:
-    """tool_choice "auto" on a harmony (gpt-oss) model: each function's compiled arguments spec
+    """tool_choice "auto" / "required" on a harmony (gpt-oss) model: each function's compiled arguments spec
     (ending with `<|call|>`), applied only once the model writes a call to it, as llama-server's
     lazy tool-call grammar does; then the ids of harmony's <|start|>, <|end|>, <|message|>,
     <|call|> and <|return|>; `header`: header text the prompt already wrote for the first message
