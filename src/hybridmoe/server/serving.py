@@ -335,7 +335,8 @@ class Serving:
     def _logprob_entry(self, lp: Any) -> dict[str, Any]:
         def one(tid: int, val: float) -> dict[str, Any]:
             b = self.tokenizer.token_bytes(tid)
-            return {"id": tid, "token": b.decode("utf-8", errors="replace"), "logprob": val, "bytes": list(b)}  # id: as llama-server
+            # `id`: llama-server's addition to OpenAI's entry
+            return {"id": tid, "token": b.decode("utf-8", errors="replace"), "logprob": val, "bytes": list(b)}
 
         return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
 
