@@ -254,14 +254,13 @@ class Serving:
         if None in marks:
             return None
         call = marks[3]
-        table = token_table(self.tokenizer)
 
-        def compiled(i: int) -> ConstraintSpec:
+        def compiled(i: int) -> ConstraintSpec:  # in a worker thread: the first token table takes seconds
             key = json.dumps(req.tools[i].function.parameters, sort_keys=True)
             with self._tool_specs_lock:
                 spec = self._tool_specs.get(key)
             if spec is None:
-                spec = compile_constraint(tool_arguments_spec(req, i, (call,)), table)
+                spec = compile_constraint(tool_arguments_spec(req, i, (call,)), token_table(self.tokenizer))
                 with self._tool_specs_lock:
                     if len(self._tool_specs) >= 256:  # oldest first
                         self._tool_specs.pop(next(iter(self._tool_specs)))
