@@ -111,7 +111,8 @@ def main() -> None:
     ap.add_argument("--isa", default="auto")
     ap.add_argument("--bw-gib", type=float, default=2.0, help="size of the read-bandwidth array")
     ap.add_argument("--tokens", type=int, nargs="+", default=[8, 64, 512])
-    ap.add_argument("--gemv-max-tokens", type=int, default=None, help="override the GEMV/tile crossover (fp32, both formats; fast mode keeps its own, 2)")
+    ap.add_argument("--gemv-max-tokens", type=int, default=None,
+                    help="override the GEMV/tile crossover (fp32, both formats; fast mode keeps its own, 2)")
     record.add_json_arg(ap)
     args = ap.parse_args()
 

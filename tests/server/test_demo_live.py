@@ -86,8 +86,8 @@ def test_tool_call_arguments_follow_the_declared_schema(demo_client):
     tool = {"type": "function", "function": {
         "name": "lookup_verse", "description": "Look up a verse by its number",
         "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
-    r = demo_client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Look up verse 3 please"}],
-                                            tools=[tool], temperature=0, max_tokens=120)
+    messages = [{"role": "user", "content": "Look up verse 3 please"}]
+    r = demo_client.chat.completions.create(model="demo", messages=messages, tools=[tool], temperature=0, max_tokens=120)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     args = json.loads(choice.message.tool_calls[0].function.arguments)

@@ -52,7 +52,8 @@ def test_json_bodies_are_read_whatever_the_content_type(server, ctype):
     assert status == status2 == 200, as_form
     assert as_form["content"] == as_json["content"] and as_form["tokens_predicted"] == 4
     chat = {"messages": MSGS, "max_tokens": 3, **GREEDY}
-    status, r = server.request("POST", "/v1/chat/completions", json.dumps(chat).encode(), headers={"Content-Type": ctype})
+    status, r = server.request("POST", "/v1/chat/completions", json.dumps(chat).encode(),
+                               headers={"Content-Type": ctype})
     assert status == 200 and r["usage"]["completion_tokens"] == 3, r
     status, err = server.request("POST", "/completion", b"prompt=hello", headers={"Content-Type": ctype})
     assert status == 400 and "JSON" in err["error"]["message"], err

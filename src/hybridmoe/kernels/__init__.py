@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ACT16_REL_ERR", "INT8X3_REL_ERR", "Activations", "ExpertTensors", "LinearGroup", "available", "dequantize", "isa",
-    "digits_active", "gemv_max_tokens", "linear_mxfp4", "linear_q8_0", "moe_forward", "num_threads", "set_gemv_max_tokens", "set_isa",
-    "set_num_threads",
+    "digits_active", "gemv_max_tokens", "linear_mxfp4", "linear_q8_0", "moe_forward", "num_threads",
+    "set_gemv_max_tokens", "set_isa", "set_num_threads",
 ]
 
 # Stated error of the int16 GEMV path (two int16 terms per element, ~2^-24 of the block max):
@@ -178,7 +178,9 @@ def gemv_max_tokens(ggml_type: GGMLType, *, fast_math: bool = False) -> int:
         raise ValueError(f"ggml_type must be MXFP4 or Q8_0, got {ggml_type!r}")
     if _lib_handle is None:
         return 0
-    return int(_lib_handle.hm_get_q8_gemv_max_tokens() if fast_math else _lib_handle.hm_get_gemv_max_tokens(int(ggml_type)))
+    if fast_math:
+        return int(_lib_handle.hm_get_q8_gemv_max_tokens())
+    return int(_lib_handle.hm_get_gemv_max_tokens(int(ggml_type)))
 
 
 def _physical_cores() -> int:
