@@ -14,6 +14,7 @@ from hybridmoe.engine.constraints import (
     compile_constraint,
     json_schema_spec,
     token_table,
+    tool_names_spec,
 )
 from hybridmoe.engine.sampling import Sampler, SamplingParams
 from hybridmoe.tokenizer import Tokenizer
@@ -27,12 +28,16 @@ def tok() -> Tokenizer:
     return Tokenizer.from_metadata(make_vocab(4096, seed=3, preset="tiny"))
 
 
-def specs(tok: Tokenizer, header: bytes = b"") -> ToolCallSpecs:
+def specs(tok: Tokenizer, header: bytes = b"", names: list[str] | None = None) -> ToolCallSpecs:
+    """`names`: tool_choice "required" with these functions declared (all with SCHEMA)."""
     call = tok.token_id("<|call|>")
     spec = compile_constraint(json_schema_spec(SCHEMA, "tools[0].function.parameters", lenient=True, end_ids=(call,)),
                               token_table(tok))
     marks = [tok.token_id(t) for t in ("<|start|>", "<|end|>", "<|message|>", "<|call|>", "<|return|>")]
-    return ToolCallSpecs({"lookup": spec}, *marks, header=header)
+    name_spec = None
+    if names is not None:
+        name_spec = compile_constraint(tool_names_spec(names, (tok.token_id("<|message|>"),)), token_table(tok))
+    return ToolCallSpecs(dict.fromkeys(names or ["lookup"], spec), *marks, header=header, names=name_spec)
 
 
 def feed(c: LazyToolCalls, ids: list[int], constrained: bool) -> None:
@@ -97,3 +102,64 @@ def test_greedy_sampling_inside_a_call_yields_valid_arguments(tok):
         assert t == call and c.mask() is None, tok.decode(out)
         args = json.loads(tok.decode(out))
         assert set(args) == {"n"} and isinstance(args["n"], int), args
+
+
+REQUIRED = b"<|channel|>commentary to=functions"
+
+
+def allows(c: LazyToolCalls, ids: list[int]) -> bool:
+    """Whether c lets the model write ids (advancing through the allowed ones)."""
+    for i in ids:
+        m = c.mask()
+        if m is not None and not bool(m[i]):
+            return False
+        c.advance(i)
+    return True
+
+
+@pytest.mark.parametrize("after", [" <|constrain|>json<|message|>", "<|constrain|>json<|message|>", "<|message|>",
+                                   " json<|message|>", " <|message|>"])
+def test_required_call_names_a_declared_function(tok, after):
+    """tool_choice "required": after the forced `to=functions`, only `.NAME` of a declared function
+    (then harmony's content type) may follow; then that function's arguments are held to its schema."""
+    enc = lambda text: tok.encode(text, allow_special=True)  # noqa: E731
+    c = LazyToolCalls(specs(tok, REQUIRED, ["lookup", "find-verse"]), token_table(tok), tok.token_bytes)
+    m = c.mask()
+    assert m is not None and not bool(m[tok.token_id("<|message|>")]) and not bool(m[enc("x")[0]])
+    assert allows(c, enc(".find-verse"))
+    assert not bool(c.mask()[enc("x")[0]])  # ".find-versex" names no function
+    assert allows(c, enc(after))
+    mask = c.mask()  # inside the call now: the arguments' schema
+    assert mask is not None and not bool(mask[enc("x")[0]]) and bool(mask[enc("{")[0]])
+    for name in (".other", ".look", ".lookup2", "lookup", ".Lookup", ".lookup <|constrain|>", ".lookup <|constrain|>x",
+                 ".lookupjson", ".lookup json json"):
+        c = LazyToolCalls(specs(tok, REQUIRED, ["lookup", "find-verse"]), token_table(tok), tok.token_bytes)
+        assert not allows(c, enc(name + "<|message|>")), name
+
+
+def test_required_call_sampled_against_a_wrong_name(tok):
+    """Random logits that push hard for an undeclared name: what gets written still calls a declared
+    function with schema-valid arguments."""
+    import torch
+
+    enc = lambda text: tok.encode(text, allow_special=True)  # noqa: E731
+    call, names = tok.token_id("<|call|>"), ["lookup", "find-verse"]
+    for seed in range(5):
+        c = LazyToolCalls(specs(tok, REQUIRED, names), token_table(tok), tok.token_bytes)
+        sampler, gen = Sampler(SamplingParams(temperature=0.0)), torch.Generator().manual_seed(seed)
+        out: list[int] = []
+        for step in range(128):
+            logits = torch.randn(tok.vocab_size, generator=gen)
+            logits[enc(".other_tool")] += 50.0
+            if step >= 24:
+                logits[[call, *enc("}")]] += 100.0
+            t = sampler.sample(logits, c)
+            c.advance(t)
+            if t == call:
+                break
+            out.append(t)
+        text = REQUIRED.decode() + tok.decode(out)
+        assert t == call, text
+        header, args = text.split("<|message|>")
+        assert header.split(" ")[1].removeprefix("to=functions.") in names, text
+        assert set(json.loads(args)) == {"n"}, text

@@ -294,3 +294,24 @@ def test_named_tool_call_arguments_follow_the_parameter_schema(client):
             args.append(call.function.arguments)
     assert done >= 1, done
     assert len(set(args)) > 1 or done < 2, args  # seeds differ: so do the samples
+
+
+def test_required_tool_call_names_a_declared_function(client):
+    """tool_choice "required", sampled from a random model (which knows no harmony): the call names
+    one of the declared functions, and its arguments follow that function's parameters."""
+    tools = [{"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["C", "F"]}}, "required": ["unit"],
+        "additionalProperties": False}}} for n in ("set_unit", "get_unit")]
+    names, done = set(), 0
+    for seed in range(4):
+        r = client.chat.completions.create(model="tiny-test", messages=USER, max_tokens=200, temperature=1.0,
+                                           seed=seed, tools=tools, tool_choice="required",
+                                           extra_body={"reasoning_format": "auto"})
+        c = r.choices[0]
+        (call,) = c.message.tool_calls
+        assert call.function.name in ("set_unit", "get_unit"), call
+        names.add(call.function.name)
+        if c.finish_reason == "tool_calls":
+            assert json.loads(call.function.arguments) in ({"unit": "C"}, {"unit": "F"})
+            done += 1
+    assert done >= 1, done

@@ -224,7 +224,9 @@ class ToolCallSpecs:
     (ending with `<|call|>`), applied only once the model writes a call to it, as llama-server's
     lazy tool-call grammar does; then the ids of harmony's <|start|>, <|end|>, <|message|>,
     <|call|> and <|return|>; `header`: header text the prompt already wrote for the first message
-    (tool_choice "required" forces `<|channel|>commentary to=functions`)."""
+    (tool_choice "required" forces `<|channel|>commentary to=functions`); `names`: with that header,
+    what must follow it up to `<|message|>` (`tool_names_spec`: a declared name), as llama-server's
+    grammar for a required call restricts the name too."""
 
     specs: Mapping[str, ConstraintSpec]
     start: int
@@ -233,12 +235,27 @@ class ToolCallSpecs:
     call: int
     ret: int
     header: bytes = b""
+    names: ConstraintSpec | None = None
+
+
+def tool_names_spec(names: list[str], end_ids: tuple[int, ...]) -> ConstraintSpec:
+    """`.NAME` for one of `names`, then harmony's content type (` <|constrain|>json`; a bare
+    ` json` or space too): what a required call's header holds between `to=functions` and
+    `<|message|>` (end_ids)."""
+    quoted = " | ".join(json.dumps(n, ensure_ascii=False) for n in dict.fromkeys(names))
+    text = f'start: "." ({quoted}) tail?\ntail: " " | " json" | " "? <|constrain|> "json"'
+    try:
+        grammar = llguidance.grammar_from("lark", text)
+    except Exception as e:  # the converter raises its own error types
+        raise ConstraintError(f"tools: a function name the engine cannot match ({_short(str(e))})", "tools") from None
+    return ConstraintSpec(grammar, end_ids, "tools")
 
 
 class LazyToolCalls:
     """Free text until a message header (since <|start|>) names `to=functions.NAME` and reaches
     <|message|>; then NAME's arguments constraint until <|call|>. Calls to names not in `specs`
-    stay free (the client sees what the model wrote)."""
+    stay free (the client sees what the model wrote), except the first call of a required one,
+    whose name `tools.names` holds to the declared ones."""
 
     _RECIPIENT = re.compile(rb"to=functions\.([^\s<]+)")
     _MAX_HEADER = 512  # bytes of header text kept (a recipient comes in the first few tokens)
@@ -250,15 +267,22 @@ class LazyToolCalls:
         self._header = bytearray(tools.header)
         self._active: GrammarConstraint | None = None
         self._resets = frozenset({tools.start, tools.end, tools.call, tools.ret})
+        self._naming = make_constraint(tools.names, table, frozenset()) if tools.names is not None else None
 
     done = False  # generation ends by the request's own stop tokens
 
     def mask(self) -> torch.Tensor | None:
-        """The arguments constraint's mask inside a known call, else None (no constraint)."""
+        """The name or arguments constraint's mask inside a known call, else None (no constraint)."""
+        if self._naming is not None:
+            return self._naming.mask()
         return self._active.mask() if self._active is not None else None
 
     def advance(self, token: int) -> None:
         t = self._tools
+        if self._naming is not None:  # the header goes on below: its recipient picks the arguments' spec
+            self._naming.advance(token)
+            if token == t.message:
+                self._naming = None
         if self._active is not None:
             self._active.advance(token)
             if token == t.call:

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from hybridmoe import __version__
-from hybridmoe.engine.constraints import ConstraintError, ConstraintSpec, ToolCallSpecs, compile_constraint, token_table
+from hybridmoe.engine.constraints import (
+    ConstraintError,
+    ConstraintSpec,
+    ToolCallSpecs,
+    compile_constraint,
+    token_table,
+    tool_names_spec,
+)
 from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
 from hybridmoe.engine.sampling import DEFAULT_ORDER, KNOWN_SAMPLERS, SamplingParams
 from hybridmoe.server.chat_checks import check_messages
@@ -267,12 +274,19 @@ class Serving:
                     self._tool_specs[key] = spec
             return spec
 
+        required = req.forced_tool() == ""
+
+        def names() -> ConstraintSpec:
+            return compile_constraint(tool_names_spec([t.function.name for t in req.tools], (marks[2],)),
+                                      token_table(self.tokenizer))
+
         try:
             specs = await asyncio.to_thread(lambda: {t.function.name: compiled(i) for i, t in enumerate(req.tools)})
+            name_spec = await asyncio.to_thread(names) if required else None
         except ConstraintError as e:
             raise bad_request(str(e), param=e.param) from None
-        header = _CALL_HEADER.encode() if req.forced_tool() == "" else b""  # what _forced_prefix wrote
-        return ToolCallSpecs(specs, *marks, header=header)
+        header = _CALL_HEADER.encode() if required else b""  # what _forced_prefix wrote
+        return ToolCallSpecs(specs, *marks, header=header, names=name_spec)
 
     def submit_n(self, prompt_ids: list[int], req: SamplingFields, limit: int | None, logprobs_k: int | None,
                  n: int = 1, constraint: ConstraintSpec | None = None,
