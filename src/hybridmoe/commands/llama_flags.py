@@ -35,8 +35,7 @@ _ONE_VALUE = """
 -tbd --threads-batch-draft -mm --mmproj -mmu --mmproj-url -mv --model-vocoder --lora
 --control-vector --override-kv --rope-scaling --rope-scale --rope-freq-base --rope-freq-scale
 --yarn-orig-ctx --yarn-ext-factor --yarn-attn-factor --yarn-beta-slow --yarn-beta-fast
--gan --grp-attn-n -gaw --grp-attn-w --keep --repeat-last-n --repeat-penalty --presence-penalty
---frequency-penalty --dry-multiplier --dry-base --dry-allowed-length --dry-penalty-last-n
+-gan --grp-attn-n -gaw --grp-attn-w --keep --dry-multiplier --dry-base --dry-allowed-length --dry-penalty-last-n
 --dry-sequence-breaker --typical --top-nsigma --xtc-probability --xtc-threshold --mirostat
 --mirostat-lr --mirostat-ent -l --logit-bias --grammar --grammar-file -j --json-schema
 -jf --json-schema-file --samplers --sampling-seq --sampler-seq --dynatemp-range --dynatemp-exp

@@ -63,7 +63,7 @@ class ModelRunner:
     def prepare(self, seq: Sequence) -> None:
         """Per-request sampling state: sampler, stop ids, and the grammar constraint when asked."""
         req = seq.request
-        seq.sampler = Sampler(req.params)
+        seq.sampler = Sampler(req.params, history=req.prompt_ids)  # the penalties count the prompt too
         seq.stop_ids = frozenset() if req.params.ignore_eos else self.eog_ids
         if req.constraint is not None:
             seq.constraint = make_constraint(req.constraint, token_table(self.tokenizer), seq.stop_ids)
@@ -80,6 +80,7 @@ class ModelRunner:
         constraint with nothing left to allow raises ValueError."""
         req = seq.request
         token = int(seq.sampler.sample(row, seq.constraint))
+        seq.sampler.accept(token)
         if seq.constraint is not None:
             seq.constraint.advance(token)
         lp = Sampler.logprobs(row, token, req.logprobs) if req.logprobs is not None else None

@@ -141,6 +141,13 @@ class SamplingFields(Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # llama-server extra
+    # Repetition penalties (llama.cpp's rule, over the last repeat_last_n tokens of prompt and reply)
+    # and the logit bias (server/logit_bias.py reads both its forms).
+    repeat_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    repeat_last_n: int | None = Field(default=None, ge=-1)
+    presence_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    logit_bias: Any = None  # checked by server/logit_bias.py, whose errors name the entry
     # Constrained output (one at most; see server/constraint_fields.py): llama-server's GBNF
     # `grammar` and `json_schema` fields, OpenAI's response_format.
     grammar: str | None = None

@@ -33,6 +33,7 @@ from hybridmoe.server.chat_view import ChatView
 from hybridmoe.server.constraint_fields import output_constraint, tool_arguments_spec
 from hybridmoe.server.event_streams import Progress, merged_events
 from hybridmoe.server.limits import check_template_kwargs, check_tools
+from hybridmoe.server.logit_bias import resolve_logit_bias
 from hybridmoe.server.metrics import ServerCounters, prometheus_text
 from hybridmoe.server.native_result import Collected, llama_timings, native_final
 from hybridmoe.server.protocol import (
@@ -222,6 +223,12 @@ class Serving:
             max_tokens=min(limit, room) if limit is not None else room,
             ignore_eos=req.ignore_eos,
             samplers=sampler_order(req.samplers),
+            repeat_penalty=d.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty,
+            repeat_last_n=d.repeat_last_n if req.repeat_last_n is None else req.repeat_last_n,
+            presence_penalty=d.presence_penalty if req.presence_penalty is None else req.presence_penalty,
+            frequency_penalty=d.frequency_penalty if req.frequency_penalty is None else req.frequency_penalty,
+            logit_bias=resolve_logit_bias(req.logit_bias, lambda text: self.tokenizer.encode(text, allow_special=False),
+                                          self.tokenizer.vocab_size),
         )
         try:
             params.validate()

@@ -1,0 +1,72 @@
+"""Sampling fields beyond the filters, through a real server: `logit_bias` in OpenAI's and
+llama-server's forms, and the repetition penalties (`repeat_penalty`, `repeat_last_n`,
+`presence_penalty`, `frequency_penalty`) over prompt and reply, as llama-server applies them."""
+
+from __future__ import annotations
+
+import pytest
+
+PROMPT = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+GREEDY = {"temperature": 0, "ignore_eos": True, "return_tokens": True}
+
+
+def tokens(server, **body) -> list[int]:
+    status, out = server.request("POST", "/completion", {"prompt": PROMPT, **GREEDY, **body})
+    assert status == 200, out
+    return out["tokens"]
+
+
+def test_logit_bias_bans_the_greedy_choice_in_every_form(server, client):
+    (first,) = tokens(server, n_predict=1)
+    for bias in ({str(first): False}, [[first, False]], {str(first): -1000}):
+        (other,) = tokens(server, n_predict=1, logit_bias=bias)
+        assert other != first, bias
+    (boosted,) = tokens(server, n_predict=1, logit_bias=[[77, 1000.0]])
+    assert boosted == 77
+    _, tok = server.request("POST", "/tokenize", {"content": " hello there"})
+    for bias in ([[" hello there", 1000.0]], {" hello there": 1000.0}):  # text: each of its tokens
+        (boosted,) = tokens(server, n_predict=1, logit_bias=bias)
+        assert boosted in tok["tokens"], bias
+    r = client.completions.create(model="tiny-test", prompt=PROMPT, max_tokens=1, temperature=0,
+                                  logit_bias={str(first): -100}, extra_body={"return_tokens": True})
+    assert r.choices[0].model_extra.get("tokens", [None])[0] != first
+
+
+def test_frequency_penalty_keeps_prompt_and_reply_tokens_from_repeating(server):
+    plain = tokens(server, n_predict=24)
+    assert len(set(plain)) < len(plain) or set(plain) & set(PROMPT)  # the model repeats: the check has teeth
+    out = tokens(server, n_predict=24, frequency_penalty=1000.0, repeat_last_n=-1)
+    assert len(set(out)) == len(out) and not set(out) & set(PROMPT), out
+    # a window of 1: only the token just written is held back
+    out = tokens(server, n_predict=24, presence_penalty=1000.0, repeat_last_n=1)
+    assert all(a != b for a, b in zip(out, out[1:])), out
+
+
+def test_settings_are_reported_under_llama_server_names(server):
+    status, out = server.request("POST", "/completion", {
+        "prompt": PROMPT, "n_predict": 1, "repeat_penalty": 1.2, "repeat_last_n": 32, "presence_penalty": 0.5,
+        "frequency_penalty": 0.25, "logit_bias": [[5, False], [6, 1.5]]})
+    assert status == 200, out
+    g = out["generation_settings"]
+    assert (g["repeat_penalty"], g["repeat_last_n"], g["presence_penalty"], g["frequency_penalty"]) == (
+        1.2, 32, 0.5, 0.25)
+    assert g["logit_bias"] == [{"bias": None, "token": 5}, {"bias": 1.5, "token": 6}]
+    assert g["samplers"][0] == "penalties"
+
+
+@pytest.mark.parametrize("body,param,msg", [
+    ({"logit_bias": {"99999999": 1}}, "logit_bias", "outside the vocabulary"),
+    ({"logit_bias": [[1]]}, "logit_bias", "logit_bias[0] must be a [token, bias] pair"),
+    ({"logit_bias": {"1": "x"}}, "logit_bias", "finite number or false"),
+    ({"logit_bias": {"1": True}}, "logit_bias", "finite number or false"),
+    ({"logit_bias": [[None, 1]]}, "logit_bias", "an id or a text"),
+    ({"logit_bias": 5}, "logit_bias", "an object"),
+    ({"repeat_penalty": 0}, "repeat_penalty", "greater than 0"),
+    ({"repeat_last_n": -2}, "repeat_last_n", "greater than or equal to -1"),
+])
+def test_bad_fields_are_400_naming_them(server, body, param, msg):
+    for path, base in (("/completion", {"prompt": "a"}), ("/v1/chat/completions",
+                                                         {"messages": [{"role": "user", "content": "a"}]})):
+        status, out = server.request("POST", path, {**base, "max_tokens": 1, **body})
+        assert status == 400, (path, out)
+        assert msg in out["error"]["message"] and param in (out["error"].get("param") or out["error"]["message"]), out
