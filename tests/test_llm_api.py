@@ -48,10 +48,23 @@ def test_stops_on_end_of_generation_ids_not_end(tiny_llm):
     try:
         res = tiny_llm.generate("Hi", max_tokens=10, temperature=0.0)
         assert res.token_ids == [] and res.finish_reason == "stop"
+        # ignore_eos bans the end tokens (llama-server's rule), so the reply goes on as text
         res = tiny_llm.generate("Hi", max_tokens=3, temperature=0.0, ignore_eos=True)
-        assert res.token_ids == [ret] * 3 and res.finish_reason == "length"
+        assert len(res.token_ids) == 3 and not set(res.token_ids) & set(tok.eog_ids) and res.finish_reason == "length"
+        res = tiny_llm.generate("Hi", max_tokens=3, temperature=2.0, seed=1, ignore_eos=True)
+        assert len(res.token_ids) == 3 and not set(res.token_ids) & set(tok.eog_ids)
     finally:
         head.bias = saved
+
+
+def test_logit_bias_and_penalties_reach_the_sampler(tiny_llm):
+    free = tiny_llm.generate("Hi there", max_tokens=6, temperature=0.0, ignore_eos=True)
+    banned = tiny_llm.generate("Hi there", max_tokens=6, temperature=0.0, ignore_eos=True,
+                               logit_bias={t: float("-inf") for t in free.token_ids})
+    assert not set(banned.token_ids) & set(free.token_ids)
+    once = tiny_llm.generate("Hi there", max_tokens=12, temperature=0.0, ignore_eos=True, frequency_penalty=1e4,
+                             repeat_last_n=-1)
+    assert len(set(once.token_ids)) == 12 and not set(once.token_ids) & set(tiny_llm.tokenize("Hi there"))
 
 
 def test_tokenize_detokenize_round_trip(tiny_llm):

@@ -78,6 +78,14 @@ def test_logit_bias_bans_and_boosts():
     assert float(x[top]) == float(x.max())  # the caller's logits are left alone
 
 
+def test_banned_ids_are_never_drawn():
+    x = torch.randn(30, generator=torch.Generator().manual_seed(4))
+    top = int(x.argmax())
+    assert Sampler(SamplingParams(temperature=0), banned=[top]).sample(x) != top
+    s = Sampler(SamplingParams(temperature=3.0, seed=2, top_k=0, top_p=1.0, min_p=0.0), banned=[top, 0, 1])
+    assert not {s.sample(x) for _ in range(400)} & {top, 0, 1}
+
+
 def test_a_bias_that_bans_everything_allowed_is_an_error():
     x = torch.randn(20)
     allowed = torch.zeros(20, dtype=torch.bool)

@@ -63,8 +63,10 @@ class ModelRunner:
     def prepare(self, seq: Sequence) -> None:
         """Per-request sampling state: sampler, stop ids, and the grammar constraint when asked."""
         req = seq.request
-        seq.sampler = Sampler(req.params, history=req.prompt_ids)  # the penalties count the prompt too
-        seq.stop_ids = frozenset() if req.params.ignore_eos else self.eog_ids
+        # The penalties count the prompt too; ignore_eos bans the end tokens (llama-server's rule).
+        ignore = req.params.ignore_eos
+        seq.sampler = Sampler(req.params, history=req.prompt_ids, banned=sorted(self.eog_ids) if ignore else ())
+        seq.stop_ids = frozenset() if ignore else self.eog_ids
         if req.constraint is not None:
             seq.constraint = make_constraint(req.constraint, token_table(self.tokenizer), seq.stop_ids)
         elif req.tool_calls is not None:

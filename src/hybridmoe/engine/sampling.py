@@ -71,9 +71,10 @@ class TokenLogprobs:
 
 class Sampler:
     """`history`: the prompt's tokens (the penalties' window starts there); `accept` each token
-    the reply adds."""
+    the reply adds. `banned`: ids never drawn (with `ignore_eos` the runner bans the end-of-
+    generation tokens, as llama-server does, so the reply goes on as text)."""
 
-    def __init__(self, params: SamplingParams, history: Iterable[int] = ()):
+    def __init__(self, params: SamplingParams, history: Iterable[int] = (), banned: Iterable[int] = ()):
         params.validate()
         self.params = params
         seed = params.seed if params.seed is not None and params.seed >= 0 else random.randrange(2**63)
@@ -89,8 +90,9 @@ class Sampler:
             for t in history:
                 self.accept(t)
         self._bias = None
-        if p.logit_bias:
-            ids, vals = zip(*p.logit_bias)
+        bias = p.logit_bias + tuple((t, -math.inf) for t in banned)
+        if bias:
+            ids, vals = zip(*bias)
             self._bias = (torch.tensor(ids, dtype=torch.int64), torch.tensor(vals, dtype=torch.float32))
 
     def accept(self, token: int) -> None:
