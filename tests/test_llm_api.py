@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hybridmoe import LLM, ComputeSettings, ContextSettings
+from hybridmoe.settings import SamplerSettings
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.gguf.writer import write_split
 from hybridmoe.synth import PRESETS, synth_metadata, synth_tensors
@@ -62,8 +63,8 @@ def test_logit_bias_and_penalties_reach_the_sampler(tiny_llm):
     banned = tiny_llm.generate("Hi there", max_tokens=6, temperature=0.0, ignore_eos=True,
                                logit_bias={t: float("-inf") for t in free.token_ids})
     assert not set(banned.token_ids) & set(free.token_ids)
-    once = tiny_llm.generate("Hi there", max_tokens=12, temperature=0.0, ignore_eos=True, frequency_penalty=1e4,
-                             repeat_last_n=-1)
+    once = tiny_llm.generate("Hi there", max_tokens=12, temperature=0.0, ignore_eos=True,
+                             chain=SamplerSettings(frequency_penalty=1e4, repeat_last_n=-1))
     assert len(set(once.token_ids)) == 12 and not set(once.token_ids) & set(tiny_llm.tokenize("Hi there"))
 
 

@@ -1,6 +1,7 @@
-"""Sampling fields beyond the filters, through a real server: `logit_bias` in OpenAI's and
-llama-server's forms, and the repetition penalties (`repeat_penalty`, `repeat_last_n`,
-`presence_penalty`, `frequency_penalty`) over prompt and reply, as llama-server applies them."""
+"""Sampling fields beyond the basic filters, through a real server: `logit_bias` in OpenAI's and
+llama-server's forms, the repetition penalties over prompt and reply, DRY, XTC, Mirostat and the
+rest of llama.cpp's chain (each step's rule is checked against a reference in
+tests/test_sampler_chain.py; here: that the fields reach it, and the errors)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,12 @@ def test_settings_are_reported_under_llama_server_names(server):
     ({"logit_bias": {"1": True}}, "logit_bias", "finite number or false"),
     ({"logit_bias": [[None, 1]]}, "logit_bias", "an id or a text"),
     ({"logit_bias": 5}, "logit_bias", "an object"),
-    ({"repeat_penalty": 0}, "repeat_penalty", "greater than 0"),
-    ({"repeat_last_n": -2}, "repeat_last_n", "greater than or equal to -1"),
+    ({"repeat_penalty": 0}, "repeat_penalty", "repeat_penalty must be > 0"),
+    ({"repeat_last_n": -2}, "repeat_last_n", "repeat_last_n must be >= -1"),
+    ({"dry_penalty_last_n": -5}, "dry_penalty_last_n", "dry_penalty_last_n must be >= -1"),
+    ({"mirostat": 3}, "mirostat", "mirostat must be 0 (off), 1 or 2"),
+    ({"min_keep": -1}, "min_keep", "min_keep must be >= 0"),
+    ({"dry_sequence_breakers": []}, "dry_sequence_breakers", "at least 1 item"),
 ])
 def test_bad_fields_are_400_naming_them(server, body, param, msg):
     for path, base in (("/completion", {"prompt": "a"}), ("/v1/chat/completions",
@@ -70,3 +75,32 @@ def test_bad_fields_are_400_naming_them(server, body, param, msg):
         status, out = server.request("POST", path, {**base, "max_tokens": 1, **body})
         assert status == 400, (path, out)
         assert msg in out["error"]["message"] and param in (out["error"].get("param") or out["error"]["message"]), out
+
+
+def test_every_sampler_setting_is_a_request_field():
+    import dataclasses
+
+    from hybridmoe.server.protocol import SamplingFields
+    from hybridmoe.settings import SamplerSettings
+
+    assert {f.name for f in dataclasses.fields(SamplerSettings)} <= set(SamplingFields.model_fields)
+
+
+def test_dry_xtc_and_mirostat_reach_the_sampler(server):
+    def pairs(out: list[int]) -> list[tuple[int, int]]:
+        text = PROMPT + out
+        return [(a, b) for a, b in zip(text, text[1:])]
+
+    plain = tokens(server, n_predict=40)
+    assert len(set(pairs(plain))) < len(pairs(plain)), plain  # the model repeats itself: the check has teeth
+    # DRY with a huge multiplier and allowed length 1: no two-token run of prompt or reply comes back
+    out = tokens(server, n_predict=40, dry_multiplier=1000.0, dry_allowed_length=1, dry_sequence_breakers=["@@"])
+    assert len(set(pairs(out))) == len(pairs(out)), out
+    # XTC always on, with a low threshold: the greedy top choice goes whenever another is above it
+    assert tokens(server, n_predict=6, xtc_probability=1.0, xtc_threshold=0.0001, top_k=0, top_p=1.0,
+                  min_p=0.0) != plain[:6]
+    status, out = server.request("POST", "/completion", {"prompt": PROMPT, "n_predict": 8, "mirostat": 2,
+                                                         "mirostat_tau": 3.0, "temperature": 1.0, "seed": 5})
+    assert status == 200 and out["generation_settings"]["mirostat"] == 2, out
+    g = out["generation_settings"]
+    assert (g["mirostat_tau"], g["dry_sequence_breakers"], g["xtc_threshold"]) == (3.0, ["\n", ":", "\"", "*"], 0.1)

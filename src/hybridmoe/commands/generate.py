@@ -39,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
     res = llm.generate(
         args.prompt, max_tokens=sampling.n_predict, temperature=sampling.temperature, top_k=sampling.top_k,
         top_p=sampling.top_p, min_p=sampling.min_p, seed=sampling.request_seed, ignore_eos=args.ignore_eos,
-        repeat_penalty=sampling.repeat_penalty, repeat_last_n=sampling.repeat_last_n,
-        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+        chain=sampling.samplers,
     )
     print(args.prompt + res.text)
     t = res.timings

@@ -215,15 +215,13 @@ class LLM:
         seed: int | None = SAMPLING_DEFAULTS.request_seed,
         ignore_eos: bool = False,
         stop: list[str] | None = None,
-        repeat_penalty: float = SAMPLING_DEFAULTS.repeat_penalty,
-        repeat_last_n: int = SAMPLING_DEFAULTS.repeat_last_n,
-        presence_penalty: float = SAMPLING_DEFAULTS.presence_penalty,
-        frequency_penalty: float = SAMPLING_DEFAULTS.frequency_penalty,
+        chain: SamplerSettings = SAMPLING_DEFAULTS.samplers,
         logit_bias: dict[int, float] | None = None,
     ) -> GenerationResult:
         """Generate through the same engine steps as the server (one decode loop, one stop rule).
-        max_tokens -1: up to the end of the context (or an end token). logit_bias: token id ->
-        added to its logit (-inf bans it)."""
+        max_tokens -1: up to the end of the context (or an end token). chain: llama.cpp's other
+        samplers (penalties, DRY, XTC, Mirostat, ...); logit_bias: token id -> added to its logit
+        (-inf bans it)."""
         ids = self.tokenize(prompt_or_ids) if isinstance(prompt_or_ids, str) else [int(t) for t in prompt_or_ids]
         if not ids:
             raise ValueError("empty prompt")
@@ -232,9 +230,7 @@ class LLM:
         room = self.ctx_size - len(ids)
         budget = room if max_tokens < 0 else min(max_tokens, room)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                max_tokens=budget, ignore_eos=ignore_eos, repeat_penalty=repeat_penalty,
-                                repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-                                frequency_penalty=frequency_penalty,
+                                max_tokens=budget, ignore_eos=ignore_eos, chain=chain,
                                 logit_bias=tuple((logit_bias or {}).items()))
         events = self._engine_for(len(ids) + budget).run(GenerationRequest(ids, params, stop=stop or ()))
         last = events[-1]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hybridmoe.engine.constraints import ConstraintSpec, ToolCallSpecs
+    from hybridmoe.engine.dry import Breakers
     from hybridmoe.engine.sampling import SamplingParams, TokenLogprobs
 
 
@@ -23,6 +24,7 @@ class GenerationRequest:
     constraint: ConstraintSpec | None = None  # grammar / JSON schema the output must match
     tool_calls: ToolCallSpecs | None = None  # without `constraint`: each call's arguments follow its function's schema
     cache_prompt: bool = True  # reuse cached KV of a matching prefix (llama-server's cache_prompt)
+    dry_breakers: Breakers | None = None  # DRY's breakers as tokens, found off the engine thread (engine.dry)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 

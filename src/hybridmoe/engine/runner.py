@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from hybridmoe.engine.constraints import LazyToolCalls, make_constraint, token_table
+from hybridmoe.engine.dry import Breakers, cached_breakers
 from hybridmoe.engine.request import Sequence
-from hybridmoe.engine.sampling import Sampler, TokenLogprobs
+from hybridmoe.engine.sampling import Sampler, SamplingParams, TokenLogprobs
 from hybridmoe.engine.scheduler import Admission, StepPlan
 from hybridmoe.models.gpt_oss import SeqChunk
 from hybridmoe.models.kv_cache import KVSnapshot, SequenceKVCache
@@ -65,12 +66,24 @@ class ModelRunner:
         req = seq.request
         # The penalties count the prompt too; ignore_eos bans the end tokens (llama-server's rule).
         ignore = req.params.ignore_eos
-        seq.sampler = Sampler(req.params, history=req.prompt_ids, banned=sorted(self.eog_ids) if ignore else ())
+        seq.sampler = Sampler(req.params, history=req.prompt_ids, banned=sorted(self.eog_ids) if ignore else (),
+                              breakers=req.dry_breakers if req.dry_breakers is not None else self._dry_breakers(req.params))
         seq.stop_ids = frozenset() if ignore else self.eog_ids
         if req.constraint is not None:
             seq.constraint = make_constraint(req.constraint, token_table(self.tokenizer), seq.stop_ids)
         elif req.tool_calls is not None:
             seq.constraint = LazyToolCalls(req.tool_calls, token_table(self.tokenizer), self.tokenizer.token_bytes)
+
+    def _dry_breakers(self, params: SamplingParams) -> Breakers | None:
+        """DRY's sequence breakers as tokens, when DRY is on and the request came without them
+        (LLM.generate, on the caller's thread; the server finds them off the engine thread)."""
+        chain = params.chain
+        if chain.dry_multiplier == 0.0:
+            return None
+        tok = self.tokenizer
+        return cached_breakers(tok, chain.dry_sequence_breakers,
+                               lambda: [tok.token_bytes(i).decode("utf-8", "replace") for i in range(tok.vocab_size)],
+                               lambda text: tok.encode(text, allow_special=False))
 
     def forward(self, plan: StepPlan) -> torch.Tensor:
         """Logits [len(plan.batch), V]: each entry's last token."""

@@ -1,12 +1,10 @@
-"""Token sampling: logit bias, repetition penalties, top-k, top-p, min-p, temperature; greedy or a
-seeded draw, reproducible.
-
-The logit bias comes first, then the filters in llama.cpp's default order (penalties, top-k, top-p,
-min-p, temperature) on float32 logits; temperature <= 0 means greedy over the biased and
-penalized logits (as llama.cpp's chain ends in a greedy pick). The penalties count the last
-`repeat_last_n` tokens of prompt and reply, as llama-server feeds the prompt to its sampler. One
-`Sampler` per request owns its RNG and history, so a seeded request gives the same tokens
-whatever else is batched with it.
+"""Token sampling as llama.cpp's chain runs it: the logit bias, then the samplers in order
+(default: penalties, DRY, top-n-sigma, top-k, typical, top-p, min-p, XTC, temperature), then a
+draw; temperature <= 0 keeps only the top, so a greedy pick sees the bias, penalties, DRY, typical
+and XTC too. Mirostat (1 or 2) replaces the filters: temperature, then Mirostat's own draw. The
+penalties and DRY count the prompt's tokens and the reply's, as llama-server feeds the prompt to
+its sampler. The steps are in engine/samplers.py and engine/dry.py. One `Sampler` per request owns
+its RNG and history, so a seeded request gives the same tokens whatever else is batched with it.
 """
 
 from __future__ import annotations
@@ -20,12 +18,15 @@ from typing import Any
 
 import torch
 
-from hybridmoe.settings import SAMPLING_DEFAULTS, check_penalties, check_sampling
+from hybridmoe.engine import samplers as steps
+from hybridmoe.engine.dry import Breakers, Dry
+from hybridmoe.settings import SAMPLING_DEFAULTS, SamplerSettings, check_sampling
 
-DEFAULT_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature")
-# llama.cpp's other samplers are identities at their neutral settings, the only ones served here.
-KNOWN_SAMPLERS = frozenset(DEFAULT_ORDER) | {"penalties", "dry", "top_n_sigma", "typ_p", "typical_p", "xtc",
-                                             "infill", "adaptive_p"}
+DEFAULT_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+# "infill" and "adaptive_p" are accepted and do nothing (no fill-in-the-middle here; adaptive-p not done).
+KNOWN_SAMPLERS = frozenset(DEFAULT_ORDER) | {"infill", "adaptive_p"}
+# Steps that may move the top choice (so a greedy pick must run the chain).
+_MOVES_TOP = ("penalties", "dry", "typ_p", "xtc")
 
 
 @dataclass
@@ -42,16 +43,12 @@ class SamplingParams:
     # llama-server's `samplers`: the filters applied, in order (a filter left out is not applied;
     # without "temperature" the draw is at temperature 1). None: DEFAULT_ORDER.
     samplers: tuple[str, ...] | None = None
-    # Penalties on the tokens among the last repeat_last_n (-1: all, 0: none): llama.cpp's rule.
-    repeat_penalty: float = SAMPLING_DEFAULTS.repeat_penalty  # 1 = off
-    repeat_last_n: int = SAMPLING_DEFAULTS.repeat_last_n
-    presence_penalty: float = SAMPLING_DEFAULTS.presence_penalty  # 0 = off
-    frequency_penalty: float = SAMPLING_DEFAULTS.frequency_penalty  # 0 = off
+    chain: SamplerSettings = SAMPLING_DEFAULTS.samplers  # penalties, DRY, XTC, Mirostat, ...
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit; -inf bans it)
 
     def validate(self) -> None:
         check_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
-        check_penalties(self.repeat_penalty, self.repeat_last_n, self.presence_penalty, self.frequency_penalty)
+        self.chain.check()
         for token, bias in self.logit_bias:
             if token < 0 or math.isnan(bias) or bias == math.inf:
                 raise ValueError(f"logit_bias: token {token} with bias {bias} (ids >= 0; a finite bias or -inf)")
@@ -69,107 +66,176 @@ class TokenLogprobs:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
-class Sampler:
-    """`history`: the prompt's tokens (the penalties' window starts there); `accept` each token
-    the reply adds. `banned`: ids never drawn (with `ignore_eos` the runner bans the end-of-
-    generation tokens, as llama-server does, so the reply goes on as text)."""
+class Penalties:
+    """llama.cpp's repetition penalties over the last `last_n` tokens (-1: all)."""
 
-    def __init__(self, params: SamplingParams, history: Iterable[int] = (), banned: Iterable[int] = ()):
+    def __init__(self, c: SamplerSettings):
+        self.c = c
+        self.active = c.repeat_last_n != 0 and (
+            c.repeat_penalty != 1.0 or c.presence_penalty != 0.0 or c.frequency_penalty != 0.0)
+        self.window: collections.deque[int] = collections.deque(
+            maxlen=None if c.repeat_last_n < 0 else c.repeat_last_n)
+        self.counts: collections.Counter[int] = collections.Counter()
+
+    def accept(self, token: int) -> None:
+        if not self.active:
+            return
+        w = self.window
+        if w.maxlen is not None and len(w) == w.maxlen:
+            old = w[0]
+            self.counts[old] -= 1
+            if not self.counts[old]:
+                del self.counts[old]
+        w.append(token)
+        self.counts[token] += 1
+
+    def apply(self, cands: steps.Candidates) -> None:
+        """A repeated token's logit divided by repeat_penalty (multiplied when <= 0), minus count x
+        frequency_penalty and presence_penalty."""
+        if not self.active or not self.counts:
+            return
+        c = self.c
+        ids = torch.tensor(sorted(self.counts), dtype=torch.int64)
+        pos, found = cands.positions(ids)
+        counts = torch.tensor([self.counts[i] for i in ids[found].tolist()], dtype=torch.float32)
+        v = cands.logits[pos]
+        v = torch.where(v <= 0, v * c.repeat_penalty, v / c.repeat_penalty)
+        cands.logits = cands.logits.clone()
+        cands.logits[pos] = v - (counts * c.frequency_penalty + c.presence_penalty)
+
+
+class Sampler:
+    """`history`: the prompt's tokens (the penalties' and DRY's windows start there); `accept`
+    each token the reply adds. `banned`: ids never drawn (with `ignore_eos` the runner bans the
+    end-of-generation tokens, as llama-server does, so the reply goes on as text). `breakers`:
+    DRY's sequence breakers as tokens (engine.dry.breakers_for), needed when DRY is on."""
+
+    def __init__(self, params: SamplingParams, history: Iterable[int] = (), banned: Iterable[int] = (),
+                 breakers: Breakers | None = None):
         params.validate()
         self.params = params
+        c = params.chain
         seed = params.seed if params.seed is not None and params.seed >= 0 else random.randrange(2**63)
         self.generator = torch.Generator().manual_seed(seed)
         self._order = params.samplers if params.samplers is not None else DEFAULT_ORDER
-        p = params
-        self._penalize = "penalties" in self._order and p.repeat_last_n != 0 and (
-            p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0)
-        self._window: collections.deque[int] = collections.deque(
-            maxlen=None if p.repeat_last_n < 0 else p.repeat_last_n)
-        self._counts: collections.Counter[int] = collections.Counter()
-        if self._penalize:
-            for t in history:
-                self.accept(t)
+        self._penalties = Penalties(c)
+        self._penalties.active = self._penalties.active and "penalties" in self._order and not c.mirostat
+        self._dry = Dry(c.dry_multiplier, c.dry_base, c.dry_allowed_length, c.dry_penalty_last_n, breakers or {})
+        self._dry.active = self._dry.active and "dry" in self._order and not c.mirostat
+        history = list(history)
+        for t in history if (self._penalties.active or self._dry.active) else ():
+            self.accept(t)
+        self._mu = 2.0 * c.mirostat_tau
         self._bias = None
-        bias = p.logit_bias + tuple((t, -math.inf) for t in banned)
+        bias = params.logit_bias + tuple((t, -math.inf) for t in banned)
         if bias:
             ids, vals = zip(*bias)
             self._bias = (torch.tensor(ids, dtype=torch.int64), torch.tensor(vals, dtype=torch.float32))
+        moving = {"penalties": self._penalties.active, "dry": self._dry.active, "typ_p": c.typical_p < 1.0,
+                  "xtc": c.xtc_probability > 0.0 and c.xtc_threshold <= 0.5}
+        # A greedy pick needs the chain only when a step may move the top choice.
+        self._greedy_plain = not c.mirostat and not any(moving[s] for s in _MOVES_TOP if s in self._order)
 
     def accept(self, token: int) -> None:
-        """One more token of the text (prompt or reply) for the penalties' window."""
-        if not self._penalize:
-            return
-        w = self._window
-        if w.maxlen is not None and len(w) == w.maxlen:
-            old = w[0]
-            self._counts[old] -= 1
-            if not self._counts[old]:
-                del self._counts[old]
-        w.append(token)
-        self._counts[token] += 1
+        """One more token of the text (prompt or reply) for the penalties' and DRY's windows."""
+        self._penalties.accept(token)
+        self._dry.accept(token)
 
     def _biased(self, logits: torch.Tensor) -> torch.Tensor:
-        """float32 CPU logits plus the logit bias (ids past the vocabulary are ignored); a copy."""
-        x = logits.float().cpu().clone()
+        """float32 CPU logits plus the logit bias (ids past the vocabulary are ignored)."""
+        x = logits.float().cpu()
         if self._bias is not None:
             ids, vals = self._bias
             keep = ids < x.numel()
+            x = x.clone()
             x.index_add_(0, ids[keep], vals[keep])  # -inf bans (a sum of biases for a repeated id)
         return x
 
-    def _penalized(self, x: torch.Tensor) -> torch.Tensor:
-        """llama.cpp's penalties, in place: a repeated token's logit divided by repeat_penalty
-        (multiplied when <= 0), minus count x frequency_penalty and presence_penalty."""
-        if not self._penalize or not self._counts:
-            return x
-        p = self.params
-        ids = torch.tensor(list(self._counts), dtype=torch.int64)
-        counts = torch.tensor(list(self._counts.values()), dtype=torch.float32)
-        keep = ids < x.numel()
-        ids, counts = ids[keep], counts[keep]
-        v = x[ids]
-        v = torch.where(v <= 0, v * p.repeat_penalty, v / p.repeat_penalty)
-        x[ids] = v - (counts * p.frequency_penalty + p.presence_penalty)
-        return x
-
-    def filtered_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits biased, then the samplers in order: penalties, top-k / top-p / min-p (what they
-        drop at -inf), temperature."""
-        p = self.params
-        x = self._biased(logits)
+    def _chain(self, logits: torch.Tensor) -> steps.Candidates:
+        """The candidates left after the bias and the samplers in order (Mirostat: temperature)."""
+        p, c = self.params, self.params.chain
+        cands = steps.Candidates.of(self._biased(logits))
+        if not len(cands):
+            raise ValueError("logit_bias bans every token that may come next")
+        if c.mirostat:
+            steps.temperature(cands, p.temperature)
+            return cands
         for name in self._order:
             if name == "penalties":
-                x = self._penalized(x)
-            elif name == "top_k" and 0 < p.top_k < x.numel():
-                kth = torch.topk(x, p.top_k).values[-1]
-                x[x < kth] = float("-inf")
-            elif name == "top_p" and p.top_p < 1.0:
-                sorted_x, order = torch.sort(x, descending=True)
-                probs = torch.softmax(sorted_x, dim=-1)
-                cum = torch.cumsum(probs, dim=-1)
-                # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-                drop = (cum - probs) >= p.top_p
-                x[order[drop]] = float("-inf")
-            elif name == "min_p" and p.min_p > 0.0:
-                probs = torch.softmax(x, dim=-1)
-                x[probs < p.min_p * probs.max()] = float("-inf")
-            elif name == "temperature" and p.temperature > 0.0:
-                x = x / p.temperature
-        return x
+                self._penalties.apply(cands)
+            elif name == "dry":
+                self._apply_dry(cands)
+            elif name == "top_n_sigma":
+                steps.top_n_sigma(cands, c.top_n_sigma)
+            elif name == "top_k":
+                steps.top_k(cands, p.top_k)
+            elif name == "typ_p":
+                steps.typical(cands, c.typical_p, c.min_keep)
+            elif name == "top_p":
+                steps.top_p(cands, p.top_p, c.min_keep)
+            elif name == "min_p":
+                steps.min_p(cands, p.min_p, c.min_keep)
+            elif name == "xtc":
+                steps.xtc(cands, c.xtc_probability, c.xtc_threshold, c.min_keep, self.generator)
+            elif name == "temperature":
+                steps.temperature(cands, p.temperature, c.dynatemp_range, c.dynatemp_exponent)
+        return cands
+
+    def _apply_dry(self, cands: steps.Candidates) -> None:
+        loss = self._dry.penalties() if self._dry.active else {}
+        if loss:
+            ids = torch.tensor(sorted(loss), dtype=torch.int64)
+            pos, found = cands.positions(ids)
+            cands.logits = cands.logits.clone()
+            cands.logits[pos] -= torch.tensor([loss[i] for i in ids[found].tolist()], dtype=torch.float32)
+
+    def filtered_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The vocabulary's logits after the bias and the samplers (what they drop at -inf)."""
+        return self._chain(logits).full(logits.numel())
 
     def sample(self, logits: torch.Tensor, constraint: Any = None) -> int:
         """One token; with a `constraint` (engine.constraints.GrammarConstraint), one it allows:
-        the tokens it forbids are masked out first, then the usual filters and draw run on what
-        is left (greedy: the most likely allowed token). ValueError if nothing is allowed."""
+        the tokens it forbids are masked out first, then the chain and draw run on what is left
+        (greedy: the most likely allowed token). ValueError if nothing is allowed."""
         allowed = constraint.mask() if constraint is not None else None  # None: nothing constrained now
         if allowed is not None:
             logits = _masked(logits, allowed)
-        if self.params.temperature <= 0.0:
-            if self._bias is None and not self._penalize:
-                return int(torch.argmax(logits))
-            return int(torch.argmax(_check_some_left(self._penalized(self._biased(logits)))))
-        probs = torch.softmax(_check_some_left(self.filtered_logits(logits)), dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        greedy = self.params.temperature <= 0.0
+        if greedy and self._greedy_plain:
+            x = self._biased(logits)
+            if self._bias is not None and bool(torch.isneginf(x).all()):
+                raise ValueError("logit_bias bans every token that may come next")
+            return int(torch.argmax(x))
+        cands = self._chain(logits)
+        if self.params.chain.mirostat:
+            return self._mirostat(cands, logits.numel())
+        if greedy:
+            return int(cands.ids[int(torch.argmax(cands.logits))])
+        return steps.draw(cands, self.generator)
+
+    def _mirostat(self, cands: steps.Candidates, n_vocab: int) -> int:
+        """Mirostat's draw (1: a top-k whose k follows the estimated Zipf exponent; 2: tokens whose
+        surprise is at most mu), then mu moves toward the target surprise tau."""
+        c = self.params.chain
+        cands.sorted()
+        probs = cands.probs()
+        if c.mirostat == 1:
+            m = min(100, len(cands)) - 1
+            if m > 0:
+                i = torch.arange(m, dtype=torch.float32)
+                t = torch.log((i + 2) / (i + 1))
+                b = torch.log(probs[:m] / probs[1 : m + 1])
+                s_hat = float((t * b).sum() / (t * t).sum())
+                eps = s_hat - 1
+                k = ((eps * 2.0**self._mu) / (1 - float(n_vocab) ** (-eps))) ** (1 / s_hat)
+                steps.top_k(cands, max(int(k), 1) if math.isfinite(k) else len(cands))
+        else:
+            keep = int((-torch.log2(probs) <= self._mu).to(torch.int64).cumprod(0).sum())
+            cands.keep(torch.arange(len(cands)) < max(keep, 1))
+        probs = cands.probs()
+        idx = steps.pick(probs, self.generator) if len(cands) > 1 else 0
+        self._mu -= c.mirostat_eta * (-math.log2(float(probs[idx])) - c.mirostat_tau)
+        return int(cands.ids[idx])
 
     @staticmethod
     def logprobs(logits: torch.Tensor, token: int, k: int) -> TokenLogprobs:
@@ -180,12 +246,6 @@ class Sampler:
             vals, idx = torch.topk(lp, min(k, lp.numel()))
             top = [(int(i), float(v)) for i, v in zip(idx, vals)]
         return TokenLogprobs(token, float(lp[token]), top)
-
-
-def _check_some_left(x: torch.Tensor) -> torch.Tensor:
-    if bool(torch.isneginf(x).all()):
-        raise ValueError("logit_bias bans every token that may come next")
-    return x
 
 
 def _masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

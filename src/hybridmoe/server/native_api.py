@@ -107,6 +107,7 @@ class NativeCompletions:
         prompts = split_prompts(req.prompt)  # type: ignore[arg-type]
         id_lists = await asyncio.to_thread(lambda: [self._ids(p) for p in prompts])
         constraint = await self.s._constraint(req)  # grammar / json_schema: the engine's constraint
+        dry = await self.s._dry_breakers(req)
         n = req.copies()
         self.s.check_n(n)
         limit = req.token_limit()
@@ -114,7 +115,7 @@ class NativeCompletions:
         try:
             for ids in id_lists:
                 handles += self.s.submit_n(ids, req, NO_LIMIT if limit is not None and limit < 0 else limit,
-                                           req.probs(), n, constraint)
+                                           req.probs(), n, constraint, dry=dry)
         except APIError:
             for h in handles:
                 h.cancel()

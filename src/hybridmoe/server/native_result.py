@@ -7,6 +7,7 @@ Field names and meanings follow llama-server's README: `content`, `tokens`, `sto
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,8 +78,7 @@ def probs_json(lps: list[TokenLogprobs], token_bytes: Any, post_sampling: bool) 
 
 
 def generation_settings(handle: RequestHandle, n_ctx: int, model: str, stream: bool) -> dict[str, Any]:
-    """The settings the request ran with, under llama-server's names (neutral values for the
-    samplers this server does not implement)."""
+    """The settings the request ran with, under llama-server's names."""
     req = handle.request
     p = req.params
     return {
@@ -86,18 +86,11 @@ def generation_settings(handle: RequestHandle, n_ctx: int, model: str, stream: b
         "model": model,
         "seed": p.seed if p.seed is not None else 4294967295,
         "temperature": p.temperature,
-        "dynatemp_range": 0.0,
-        "dynatemp_exponent": 1.0,
         "top_k": p.top_k,
         "top_p": p.top_p,
         "min_p": p.min_p,
-        "typical_p": 1.0,
-        "repeat_last_n": p.repeat_last_n,
-        "repeat_penalty": p.repeat_penalty,
-        "presence_penalty": p.presence_penalty,
-        "frequency_penalty": p.frequency_penalty,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(p.chain).items()},
         "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in p.logit_bias],
-        "mirostat": 0,
         "stop": list(req.stop),
         "max_tokens": p.max_tokens,
         "n_predict": p.max_tokens,

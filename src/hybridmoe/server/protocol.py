@@ -141,12 +141,27 @@ class SamplingFields(Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # llama-server extra
-    # Repetition penalties (llama.cpp's rule, over the last repeat_last_n tokens of prompt and reply)
-    # and the logit bias (server/logit_bias.py reads both its forms).
-    repeat_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
-    repeat_last_n: int | None = Field(default=None, ge=-1)
+    # llama.cpp's other samplers (settings.SamplerSettings has their meaning and ranges; None: the
+    # server's default) and the logit bias (server/logit_bias.py reads both its forms).
+    repeat_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    repeat_last_n: int | None = None
     presence_penalty: float | None = Field(default=None, allow_inf_nan=False)
     frequency_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    dry_multiplier: float | None = Field(default=None, allow_inf_nan=False)
+    dry_base: float | None = Field(default=None, allow_inf_nan=False)
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = Field(default=None, min_length=1)
+    top_n_sigma: float | None = Field(default=None, allow_inf_nan=False)
+    typical_p: float | None = Field(default=None, allow_inf_nan=False)
+    xtc_probability: float | None = Field(default=None, allow_inf_nan=False)
+    xtc_threshold: float | None = Field(default=None, allow_inf_nan=False)
+    min_keep: int | None = None
+    dynatemp_range: float | None = Field(default=None, allow_inf_nan=False)
+    dynatemp_exponent: float | None = Field(default=None, allow_inf_nan=False)
+    mirostat: int | None = None
+    mirostat_tau: float | None = Field(default=None, allow_inf_nan=False)
+    mirostat_eta: float | None = Field(default=None, allow_inf_nan=False)
     logit_bias: Any = None  # checked by server/logit_bias.py, whose errors name the entry
     # Constrained output (one at most; see server/constraint_fields.py): llama-server's GBNF
     # `grammar` and `json_schema` fields, OpenAI's response_format.

@@ -7,6 +7,7 @@ response never starts for a request that will fail.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -25,6 +26,7 @@ from hybridmoe.engine.constraints import (
     token_table,
     tool_names_spec,
 )
+from hybridmoe.engine.dry import Breakers, cached_breakers
 from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
 from hybridmoe.engine.sampling import DEFAULT_ORDER, KNOWN_SAMPLERS, SamplingParams
 from hybridmoe.server.chat_checks import check_messages
@@ -49,7 +51,7 @@ from hybridmoe.server.protocol import (
     bad_request,
 )
 from hybridmoe.server.shutdown import InFlight
-from hybridmoe.settings import SamplingDefaults  # server-wide (`--temp`, `--top-k`, ...), llama-server's values
+from hybridmoe.settings import SamplerSettings, SamplingDefaults  # server-wide (`--temp`, ...), llama-server's values
 from hybridmoe.tokenizer.tokenizer import TokenLimitExceeded
 
 
@@ -113,6 +115,8 @@ _SAMPLER_ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min
                     "typical_p": "typ_p", "typical": "typ_p", "top-n-sigma": "top_n_sigma", "adaptive-p": "adaptive_p"}
 _SAMPLER_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
                   "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}
+# Request fields that set settings.SamplerSettings (the protocol has one for each)
+_CHAIN_FIELDS = tuple(f.name for f in dataclasses.fields(SamplerSettings))
 
 
 def exceed_context(n_prompt: int, n_ctx: int, param: str, at_least: bool = False) -> APIError:
@@ -223,18 +227,35 @@ class Serving:
             max_tokens=min(limit, room) if limit is not None else room,
             ignore_eos=req.ignore_eos,
             samplers=sampler_order(req.samplers),
-            repeat_penalty=d.repeat_penalty if req.repeat_penalty is None else req.repeat_penalty,
-            repeat_last_n=d.repeat_last_n if req.repeat_last_n is None else req.repeat_last_n,
-            presence_penalty=d.presence_penalty if req.presence_penalty is None else req.presence_penalty,
-            frequency_penalty=d.frequency_penalty if req.frequency_penalty is None else req.frequency_penalty,
+            chain=self._chain(req),
             logit_bias=resolve_logit_bias(req.logit_bias, lambda text: self.tokenizer.encode(text, allow_special=False),
                                           self.tokenizer.vocab_size),
         )
         try:
             params.validate()
         except ValueError as e:
-            raise bad_request(str(e)) from None
+            field_name = str(e).split(" ", 1)[0]
+            raise bad_request(str(e), param=field_name if field_name in _CHAIN_FIELDS else None) from None
         return params
+
+    def _chain(self, req: SamplingFields) -> SamplerSettings:
+        """The request's llama.cpp samplers over the server's defaults (its flags)."""
+        given = {f: getattr(req, f) for f in _CHAIN_FIELDS if getattr(req, f) is not None}
+        if "dry_sequence_breakers" in given:
+            given["dry_sequence_breakers"] = tuple(given["dry_sequence_breakers"])
+        return dataclasses.replace(self.config.defaults.samplers, **given)
+
+    async def _dry_breakers(self, req: SamplingFields) -> Breakers | None:
+        """DRY's sequence breakers as tokens when the request turns DRY on: the first scan of the
+        vocabulary for a breaker list takes ~0.5 s, so it runs here, off the engine thread."""
+        chain = self._chain(req)
+        if chain.dry_multiplier == 0.0:
+            return None
+        tok = self.tokenizer
+        return await asyncio.to_thread(
+            cached_breakers, tok, chain.dry_sequence_breakers,
+            lambda: [tok.token_bytes(i).decode("utf-8", "replace") for i in range(tok.vocab_size)],
+            lambda text: tok.encode(text, allow_special=False))
 
     def _head(self, id_prefix: str) -> dict[str, Any]:
         """Fields every response object and stream chunk of one request shares."""
@@ -297,13 +318,14 @@ class Serving:
 
     def submit_n(self, prompt_ids: list[int], req: SamplingFields, limit: int | None, logprobs_k: int | None,
                  n: int = 1, constraint: ConstraintSpec | None = None,
-                 tool_calls: ToolCallSpecs | None = None) -> list[RequestHandle]:
-        """`n` requests for one prompt (n > 1: llama-server's n_cmpl, one slot each); all or none."""
+                 tool_calls: ToolCallSpecs | None = None, dry: Breakers | None = None) -> list[RequestHandle]:
+        """`n` requests for one prompt (n > 1: llama-server's n_cmpl, one slot each); all or none.
+        `dry`: the request's DRY breakers (`_dry_breakers`)."""
         self.check_n(n)
         handles: list[RequestHandle] = []
         try:
             for _ in range(n):
-                handles.append(self._submit(prompt_ids, req, limit, logprobs_k, constraint, tool_calls))
+                handles.append(self._submit(prompt_ids, req, limit, logprobs_k, constraint, tool_calls, dry))
         except APIError:
             for h in handles:
                 h.cancel()
@@ -311,7 +333,8 @@ class Serving:
         return handles
 
     def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None, logprobs_k: int | None,
-                constraint: ConstraintSpec | None = None, tool_calls: ToolCallSpecs | None = None) -> RequestHandle:
+                constraint: ConstraintSpec | None = None, tool_calls: ToolCallSpecs | None = None,
+                dry: Breakers | None = None) -> RequestHandle:
         n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
@@ -325,6 +348,7 @@ class Serving:
             constraint=constraint,
             tool_calls=tool_calls if constraint is None else None,
             cache_prompt=req.cache_prompt,
+            dry_breakers=dry,
         )
         try:
             return self.inflight.add(self.engine.submit(gen, loop=asyncio.get_running_loop()))
@@ -420,7 +444,7 @@ class Serving:
         tool_calls = await self._tool_calls(req, ids) if constraint is None else None
         ids = ids + prefix
         # Last: nothing may fail after the submit.
-        return self.submit_n(ids, req, req.token_limit(), k, n, constraint, tool_calls), views
+        return self.submit_n(ids, req, req.token_limit(), k, n, constraint, tool_calls, await self._dry_breakers(req)), views
 
     async def _chat_full(self, handles: list[RequestHandle], views: list[ChatView], head: dict[str, Any],
                          disconnected: Disconnected | None) -> dict[str, Any]:
@@ -514,7 +538,8 @@ class Serving:
         prompt = req.prompt if isinstance(req.prompt, str) or not isinstance(req.prompt[0], str) else req.prompt[0]
         ids = await asyncio.to_thread(self.prompt_ids, prompt)
         echo = self.tokenizer.decode(ids) if req.echo else ""
-        handles = self.submit_n(ids, req, req.token_limit(self.config.n_predict), req.logprobs, req.n, constraint)
+        handles = self.submit_n(ids, req, req.token_limit(self.config.n_predict), req.logprobs, req.n, constraint,
+                                dry=await self._dry_breakers(req))
         head = self._head("cmpl")
         if req.stream:
             return self._completion_stream(handles, head, _include_usage(req), echo, req.return_progress)
@@ -647,7 +672,9 @@ class Serving:
                 "params": {"seed": 4294967295 if self.config.seed is None else self.config.seed,
                            "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
                            "n_predict": self.config.n_predict, "max_tokens": self.config.n_predict,
-                           "samplers": list(DEFAULT_ORDER), "reasoning_format": self.config.reasoning_format},
+                           "samplers": list(DEFAULT_ORDER), "reasoning_format": self.config.reasoning_format,
+                           **{k: list(v) if isinstance(v, tuple) else v
+                              for k, v in dataclasses.asdict(d.samplers).items()}},
             },
             "total_slots": self.engine.n_parallel,
             "model_alias": self.model_id,

@@ -18,9 +18,9 @@ from hybridmoe.settings.context import (
 from hybridmoe.settings.placement import GPU_DENSE_DTYPES, PlacementSettings, add_placement_args, gpu_layers
 from hybridmoe.settings.sampling import (
     SAMPLING_DEFAULTS,
+    SamplerSettings,
     SamplingDefaults,
     add_sampling_args,
-    check_penalties,
     check_sampling,
 )
 from hybridmoe.settings.server import ServerLimits, add_server_limit_args
@@ -28,8 +28,8 @@ from hybridmoe.settings.values import SettingsError, byte_size, on_off
 
 __all__ = [
     "GPU_DENSE_DTYPES", "SAMPLING_DEFAULTS", "ComputeSettings", "ContextSettings", "ParallelSettings",
-    "PlacementSettings", "PromptCacheSettings", "SamplingDefaults", "ServerLimits", "SettingsError",
-    "add_compute_args", "add_context_args", "add_parallel_args", "add_placement_args", "add_prompt_cache_args",
-    "add_sampling_args", "add_server_limit_args", "byte_size", "check_penalties", "check_sampling", "gpu_layers",
-    "on_off",
+    "PlacementSettings", "PromptCacheSettings", "SamplerSettings", "SamplingDefaults", "ServerLimits",
+    "SettingsError", "add_compute_args", "add_context_args", "add_parallel_args", "add_placement_args",
+    "add_prompt_cache_args", "add_sampling_args", "add_server_limit_args", "byte_size", "check_sampling",
+    "gpu_layers", "on_off",
 ]

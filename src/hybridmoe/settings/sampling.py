@@ -4,6 +4,7 @@ and the server's requests that leave a field out (llama-server's values)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,8 +13,7 @@ from hybridmoe.settings.values import require
 
 
 FLAG_NAMES = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
-              "seed": "-s/--seed", "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n",
-              "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty"}
+              "seed": "-s/--seed"}
 FIELD_NAMES = {name: name for name in FLAG_NAMES}
 
 
@@ -28,13 +28,67 @@ def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float, s
     require(seed is None or -(2**63) <= seed < 2**64, names["seed"], "be a 64-bit integer (negative: random)", seed)
 
 
-def check_penalties(repeat_penalty: float, repeat_last_n: int, presence_penalty: float, frequency_penalty: float,
-                    names: Mapping[str, str] = FIELD_NAMES) -> None:
-    """The repetition penalties' valid ranges (finite; a positive repeat_penalty, since it divides)."""
-    require(0 < repeat_penalty < math.inf, names["repeat_penalty"], "be > 0 (1 = off)", repeat_penalty)
-    require(repeat_last_n >= -1, names["repeat_last_n"], "be >= -1 (-1: all tokens, 0: off)", repeat_last_n)
-    for name, v in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
-        require(math.isfinite(v), names[name], "be a finite number (0 = off)", v)
+# llama-server's default DRY sequence breakers (common/common.h)
+DRY_BREAKERS = ("\n", ":", "\"", "*")
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """llama.cpp's other samplers, under llama-server's request field names; each is off at its
+    default. Penalties and DRY count the last N tokens of prompt and reply (-1: all, 0: off)."""
+
+    repeat_penalty: float = 1.0  # a repeated token's logit divided by it (multiplied when <= 0)
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0  # subtracted once from a repeated token's logit
+    frequency_penalty: float = 0.0  # subtracted per repetition
+    dry_multiplier: float = 0.0  # DRY: a repeat-extending token loses multiplier * base^(len - allowed)
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] = DRY_BREAKERS
+    top_n_sigma: float = -1.0  # keep tokens within n standard deviations of the top logit; <= 0: off
+    typical_p: float = 1.0  # locally typical sampling; 1: off
+    xtc_probability: float = 0.0  # XTC: with this probability drop the top choices but the least likely
+    xtc_threshold: float = 0.1  # ... of those at or above this probability; > 0.5: off
+    min_keep: int = 0  # top-p, min-p, typical and XTC keep at least this many
+    dynatemp_range: float = 0.0  # temperature moves within +- range with the entropy; 0: off
+    dynatemp_exponent: float = 1.0
+    mirostat: int = 0  # 1 or 2: Mirostat replaces the filters (temperature, then Mirostat's draw)
+    mirostat_tau: float = 5.0  # target surprise (bits)
+    mirostat_eta: float = 0.1  # learning rate
+
+    def check(self, names: Mapping[str, str] | None = None) -> None:
+        """Valid ranges (finite numbers; a positive repeat_penalty, since it divides); ValueError
+        (SettingsError) naming the field, or with `names` the flag."""
+        n = names or {}
+
+        def need(ok: bool, field: str, rule: str) -> None:
+            require(ok, n.get(field, field), rule, getattr(self, field))
+
+        for f in ("presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base", "top_n_sigma", "typical_p",
+                  "xtc_probability", "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "mirostat_tau",
+                  "mirostat_eta"):
+            need(math.isfinite(getattr(self, f)), f, "be a finite number")
+        need(0 < self.repeat_penalty < math.inf, "repeat_penalty", "be > 0 (1 = off)")
+        for f in ("repeat_last_n", "dry_penalty_last_n"):
+            need(getattr(self, f) >= -1, f, "be >= -1 (-1: all tokens, 0: off)")
+        need(self.dry_allowed_length >= 0, "dry_allowed_length", "be >= 0")
+        need(self.min_keep >= 0, "min_keep", "be >= 0")
+        need(self.dynatemp_range >= 0, "dynatemp_range", "be >= 0")
+        need(self.mirostat in (0, 1, 2), "mirostat", "be 0 (off), 1 or 2")
+        need(all(isinstance(b, str) for b in self.dry_sequence_breakers), "dry_sequence_breakers",
+             "be a list of strings")
+
+
+SAMPLER_FLAGS = {"repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n",
+                 "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
+                 "dry_multiplier": "--dry-multiplier", "dry_base": "--dry-base",
+                 "dry_allowed_length": "--dry-allowed-length", "dry_penalty_last_n": "--dry-penalty-last-n",
+                 "dry_sequence_breakers": "--dry-sequence-breaker", "top_n_sigma": "--top-nsigma",
+                 "typical_p": "--typical", "xtc_probability": "--xtc-probability", "xtc_threshold": "--xtc-threshold",
+                 "min_keep": "--min-keep", "dynatemp_range": "--dynatemp-range",
+                 "dynatemp_exponent": "--dynatemp-exp", "mirostat": "--mirostat", "mirostat_tau": "--mirostat-ent",
+                 "mirostat_eta": "--mirostat-lr"}
 
 
 @dataclass(frozen=True)
@@ -48,15 +102,11 @@ class SamplingDefaults:
     min_p: float = 0.05
     seed: int = -1
     n_predict: int = -1
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    samplers: SamplerSettings = SamplerSettings()
 
     def __post_init__(self) -> None:
         check_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.seed, FLAG_NAMES)
-        check_penalties(self.repeat_penalty, self.repeat_last_n, self.presence_penalty, self.frequency_penalty,
-                        FLAG_NAMES)
+        self.samplers.check(SAMPLER_FLAGS)
         require(self.n_predict >= -1 and self.n_predict != 0, "-n/--n-predict", "be > 0 or -1 (no limit)",
                 self.n_predict)
 
@@ -67,10 +117,12 @@ class SamplingDefaults:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SamplingDefaults:
+        chain = {f.name: getattr(args, f.name) for f in dataclasses.fields(SamplerSettings)}
+        breakers = chain["dry_sequence_breakers"]
+        chain["dry_sequence_breakers"] = (DRY_BREAKERS if breakers is None
+                                          else () if breakers == ["none"] else tuple(breakers))
         return cls(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                   seed=args.seed, n_predict=args.n_predict, repeat_penalty=args.repeat_penalty,
-                   repeat_last_n=args.repeat_last_n, presence_penalty=args.presence_penalty,
-                   frequency_penalty=args.frequency_penalty)
+                   seed=args.seed, n_predict=args.n_predict, samplers=SamplerSettings(**chain))
 
 
 SAMPLING_DEFAULTS = SamplingDefaults()
@@ -85,15 +137,36 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
         g.add_argument("--top-k", type=int, default=d.top_k, help=f"top-k, 0 = off (default {d.top_k})"),
         g.add_argument("--top-p", type=float, default=d.top_p, help=f"top-p, 1 = off (default {d.top_p})"),
         g.add_argument("--min-p", type=float, default=d.min_p, help=f"min-p, 0 = off (default {d.min_p})"),
-        g.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty,
-                       help=f"penalize repeated tokens, 1 = off (default {d.repeat_penalty})"),
-        g.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n,
-                       help=f"tokens the penalties look back over, -1 = all, 0 = off (default {d.repeat_last_n})"),
-        g.add_argument("--presence-penalty", type=float, default=d.presence_penalty,
-                       help=f"subtracted from a repeated token's logit, 0 = off (default {d.presence_penalty})"),
-        g.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty,
-                       help=f"subtracted per repetition, 0 = off (default {d.frequency_penalty})"),
+        *_sampler_args(g, d.samplers),
         g.add_argument("-s", "--seed", type=int, default=d.seed, help="RNG seed (-1: random)"),
         g.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=d.n_predict,
                        help="tokens to generate (-1: up to the end of the context or an end token)"),
     ]
+
+
+def _sampler_args(g: argparse._ArgumentGroup, d: SamplerSettings) -> list[argparse.Action]:
+    """llama.cpp's flags for the samplers beyond the four above (SamplerSettings has the rules)."""
+    helps = {
+        "repeat_penalty": "penalize repeated tokens, 1 = off", "repeat_last_n": "tokens the penalties look back "
+        "over, -1 = all, 0 = off", "presence_penalty": "subtracted once from a repeated token's logit, 0 = off",
+        "frequency_penalty": "subtracted per repetition, 0 = off", "dry_multiplier": "DRY penalty, 0 = off",
+        "dry_base": "DRY base", "dry_allowed_length": "repeats up to this long are free",
+        "dry_penalty_last_n": "tokens DRY looks back over, -1 = all, 0 = off", "top_n_sigma": "keep tokens "
+        "within n standard deviations of the top logit, -1 = off", "typical_p": "locally typical sampling, 1 = off",
+        "xtc_probability": "XTC probability, 0 = off", "xtc_threshold": "XTC threshold",
+        "min_keep": "top-p, min-p, typical and XTC keep at least this many", "dynatemp_range": "dynamic "
+        "temperature range, 0 = off", "dynatemp_exponent": "dynamic temperature exponent",
+        "mirostat": "Mirostat 1 or 2 (replaces the other filters), 0 = off", "mirostat_tau": "Mirostat target "
+        "entropy", "mirostat_eta": "Mirostat learning rate",
+    }
+    out = []
+    for f in dataclasses.fields(SamplerSettings):
+        if f.name == "dry_sequence_breakers":
+            out.append(g.add_argument(SAMPLER_FLAGS[f.name], dest=f.name, action="append", default=None,
+                                      help="a DRY sequence breaker (repeatable; 'none' for none; default "
+                                           "newline, ':', '\"', '*')"))
+            continue
+        default = getattr(d, f.name)
+        out.append(g.add_argument(SAMPLER_FLAGS[f.name], dest=f.name, type=type(default), default=default,
+                                  help=f"{helps[f.name]} (default {default})"))
+    return out

@@ -1,0 +1,136 @@
+"""DRY ("don't repeat yourself"), llama.cpp's penalty on tokens that would extend a repeat: when the
+text's last L tokens already occurred earlier, followed there by token t, then t's logit loses
+multiplier * base^(L - allowed_length) (L at least allowed_length). A repeat does not reach back
+across a sequence breaker (by default a newline, ':', '"' or '*'), and a token that is itself a
+breaker is never penalized. Rules as llama.cpp's src/llama-sampler.cpp (docs/sampling.md)."""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+MAX_BREAKER_CHARS = 40  # llama.cpp truncates a breaker to 40 characters
+MAX_BREAKER_TAIL = 20  # and a breaker's tail to 20 tokens
+FLOAT_MAX_LOG = 88.7228391  # log(FLT_MAX): the exponent is capped so the penalty stays finite
+
+# head token -> tails: the tokens that must follow the head for the breaker to be complete ([]
+# for a head that holds a whole breaker).
+Breakers = dict[int, list[tuple[int, ...]]]
+
+
+def breakers_for(texts: Sequence[str], pieces: Sequence[str], encode: Callable[[str], list[int]]) -> Breakers:
+    """Each breaker text (truncated as llama.cpp does) as token sequences: every token whose text
+    contains it is a head with no tail; a token whose text ends with a start of it is a head whose
+    tail is the rest of the breaker, tokenized. `pieces`: every token's text, by id."""
+    out: Breakers = {}
+    for text in texts:
+        text = text[:MAX_BREAKER_CHARS]
+        if not text:
+            continue
+        for tid, word in enumerate(pieces):
+            if text in word:
+                _add(out, tid, ())
+                continue
+            pos = word.find(text[0])
+            while pos >= 0:
+                rest = word[pos:]
+                if text.startswith(rest):
+                    _add(out, tid, tuple(encode(text[len(rest):])[:MAX_BREAKER_TAIL]))
+                pos = word.find(text[0], pos + 1)
+    return out
+
+
+def _add(out: Breakers, head: int, tail: tuple[int, ...]) -> None:
+    tails = out.setdefault(head, [])
+    if tail not in tails:
+        tails.append(tail)
+
+
+_cache: dict[tuple[int, tuple[str, ...]], Breakers] = {}
+_cache_lock = threading.Lock()
+
+
+def cached_breakers(tokenizer: object, texts: Sequence[str], pieces: Callable[[], Sequence[str]],
+                    encode: Callable[[str], list[int]]) -> Breakers:
+    """breakers_for, kept per tokenizer and breaker list (a scan of the vocabulary takes ~0.5 s
+    for 200k tokens; clients send the same breakers every time)."""
+    key = (id(tokenizer), tuple(texts))
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is None:
+        hit = breakers_for(texts, pieces(), encode)
+        with _cache_lock:
+            if len(_cache) >= 64:
+                _cache.pop(next(iter(_cache)))
+            _cache[key] = hit
+    return hit
+
+
+class Dry:
+    """The penalty's state for one request: the last `last_n` tokens (-1: all) of prompt and reply."""
+
+    def __init__(self, multiplier: float, base: float, allowed_length: int, last_n: int, breakers: Breakers):
+        self.multiplier, self.base, self.allowed = multiplier, base, allowed_length
+        self.breakers = breakers
+        self.active = multiplier != 0.0 and base >= 1.0 and last_n != 0
+        self.tokens: collections.deque[int] = collections.deque(maxlen=None if last_n < 0 else last_n)
+        self.max_exponent = int(FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
+
+    def accept(self, token: int) -> None:
+        if self.active:
+            self.tokens.append(token)
+
+    def penalties(self) -> dict[int, float]:
+        """token id -> what its logit loses now."""
+        n = len(self.tokens)
+        if not self.active or n <= self.allowed:
+            return {}
+        t = np.fromiter(self.tokens, dtype=np.int64, count=n)
+        limit = self._repeat_limit(t)
+        if limit < self.allowed:
+            return {}
+        # match[j]: how many tokens ending at position j equal the text's last ones (at most
+        # limit); the token after j would extend that repeat.
+        match = np.zeros(n - 1, dtype=np.int64)
+        alive = np.nonzero(t[: n - 1] == t[n - 1])[0]
+        length = 0
+        while alive.size and length < limit:
+            length += 1
+            match[alive] = length
+            nxt = alive - length
+            ok = nxt >= 0
+            alive, nxt = alive[ok], nxt[ok]
+            alive = alive[t[nxt] == t[n - 1 - length]]
+        worst: dict[int, int] = {}
+        for j in np.nonzero(match >= self.allowed)[0].tolist():
+            tok = int(t[j + 1])
+            worst[tok] = max(worst.get(tok, 0), int(match[j]))
+        out: dict[int, float] = {}
+        for tok, length in worst.items():
+            if () in self.breakers.get(tok, ()):
+                continue  # a token that is a whole breaker is never penalized
+            e = length - self.allowed
+            if self.max_exponent > 0:
+                e = min(e, self.max_exponent)
+            out[tok] = self.multiplier * self.base**e
+        return out
+
+    def _repeat_limit(self, t: np.ndarray) -> int:
+        """How far a repeat may reach back: to just after the most recent breaker."""
+        n = len(t)
+        for i in range(n):  # i tokens from the end
+            tails = self.breakers.get(int(t[n - 1 - i]))
+            if not tails:
+                continue
+            longest = -1
+            for tail in tails:
+                k = len(tail)
+                if longest < k <= i and all(tail[o] == t[n - i + o] for o in range(k)):
+                    longest = k
+            if longest >= 0:
+                return i - longest
+        return n
