@@ -170,9 +170,10 @@ class NativeCompletions:
             c.push(ev)
             if slots[i] < 0 and ev.finish_reason is None:
                 slots[i] = slot_id(self.s.engine, handles[i].request.request_id)
-            if ev.token_id is not None or ev.text:
+            token = ev.token_id if ev.token_id is not None else ev.stop_token_id  # the end token: its own chunk
+            if token is not None or ev.text:
                 chunk: dict[str, Any] = {
-                    "index": i, "content": ev.text, "tokens": [ev.token_id] if ev.token_id is not None else [],
+                    "index": i, "content": ev.text, "tokens": [token] if token is not None else [],
                     "stop": False, "id_slot": -1, "tokens_predicted": len(c.tokens),
                     "tokens_evaluated": len(handles[i].request.prompt_ids)}
                 if ev.logprob is not None and req.probs():

@@ -29,6 +29,8 @@ class Collected:
         self.text.append(ev.text)
         if ev.token_id is not None:
             self.tokens.append(ev.token_id)
+        if ev.stop_token_id is not None:  # llama-server lists the end token too (its text is not content)
+            self.tokens.append(ev.stop_token_id)
         if ev.logprob is not None:
             self.logprobs.append(ev.logprob)
         if ev.finish_reason is not None:
