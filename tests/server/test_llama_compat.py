@@ -486,3 +486,22 @@ def test_reserved_template_kwargs_are_refused_not_a_crash(server):
 def test_verbose_off_by_default_and_any_model_on_v1_completions(client):
     r = client.completions.create(model="whatever-name", prompt="Hi", max_tokens=1)
     assert r.model == "tiny-test" and "__verbose" not in (r.model_extra or {})
+
+
+def test_the_end_token_is_listed_in_tokens_as_llama_server_does(server):
+    _, tok = server.request("POST", "/tokenize", {"content": "<|return|>"})
+    (ret,) = tok["tokens"]
+    body = {"prompt": [10, 11, 12, 13], "n_predict": 5, "temperature": 0, "return_tokens": True, "logit_bias": [[ret, 1000]]}
+    status, out = server.request("POST", "/completion", body)
+    assert status == 200 and out["stop_type"] == "eos", out
+    assert out["tokens"] == [ret] and out["content"] == "" and out["tokens_predicted"] == 1
+    chunks = sse(server, "/completion", {**body, "stream": True})
+    assert [c["tokens"] for c in chunks[:-1]] == [[ret]] and chunks[-1]["stop"] is True, chunks
+
+
+def test_response_fields_pick_and_unnest(server):
+    body = {"prompt": [10, 11, 12, 13], "n_predict": 2, "response_fields": ["content", "generation_settings/n_predict",
+                                                                    "timings/prompt_n", "no/such"]}
+    status, out = server.request("POST", "/completion", body)
+    assert status == 200 and set(out) == {"content", "generation_settings/n_predict", "timings/prompt_n"}, out
+    assert out["generation_settings/n_predict"] == 2 and out["timings/prompt_n"] >= 1

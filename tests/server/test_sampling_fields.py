@@ -104,16 +104,3 @@ def test_dry_xtc_and_mirostat_reach_the_sampler(server):
     assert status == 200 and out["generation_settings"]["mirostat"] == 2, out
     g = out["generation_settings"]
     assert (g["mirostat_tau"], g["dry_sequence_breakers"], g["xtc_threshold"]) == (3.0, ["\n", ":", "\"", "*"], 0.1)
-
-
-def test_the_end_token_is_listed_in_tokens_as_llama_server_does(server):
-    _, tok = server.request("POST", "/tokenize", {"content": "<|return|>"})
-    (ret,) = tok["tokens"]
-    body = {"prompt": PROMPT, "n_predict": 5, "temperature": 0, "return_tokens": True, "logit_bias": [[ret, 1000]]}
-    status, out = server.request("POST", "/completion", body)
-    assert status == 200 and out["stop_type"] == "eos", out
-    assert out["tokens"] == [ret] and out["content"] == "" and out["tokens_predicted"] == 1
-    from .test_llama_compat import sse
-
-    chunks = sse(server, "/completion", {**body, "stream": True})
-    assert [c["tokens"] for c in chunks[:-1]] == [[ret]] and chunks[-1]["stop"] is True, chunks

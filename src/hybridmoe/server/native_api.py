@@ -38,6 +38,8 @@ class NativeCompletionRequest(SamplingFields):
     return_tokens: bool = False
     post_sampling_probs: bool = False
     temperature: float | None = Field(default=None, ge=0.0)
+    # only these fields of the final result; "a/b" reaches into an object, under the key "a/b"
+    response_fields: list[str] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -128,10 +130,11 @@ class NativeCompletions:
     def _final(self, handle: RequestHandle, c: Collected, index: int, req: NativeCompletionRequest,
                stream: bool, id_slot: int) -> dict[str, Any]:
         tk = self.s.tokenizer
-        return native_final(handle, c, index=index, model=self.s.model_id, n_ctx=self.s.engine.ctx_size_per_slot,
-                            prompt=tk.decode(list(handle.request.prompt_ids)), stream=stream,
-                            return_tokens=req.return_tokens, post_sampling=req.post_sampling_probs,
-                            token_bytes=tk.token_bytes, decode=tk.decode, id_slot=id_slot)
+        out = native_final(handle, c, index=index, model=self.s.model_id, n_ctx=self.s.engine.ctx_size_per_slot,
+                           prompt=tk.decode(list(handle.request.prompt_ids)), stream=stream,
+                           return_tokens=req.return_tokens, post_sampling=req.post_sampling_probs,
+                           token_bytes=tk.token_bytes, decode=tk.decode, id_slot=id_slot)
+        return out if not req.response_fields else pick_fields(out, req.response_fields)
 
     async def _full(self, handles: list[RequestHandle], req: NativeCompletionRequest,
                     request: Request) -> list[dict[str, Any]]:
@@ -187,6 +190,21 @@ class NativeCompletions:
                 yield _sse(failure.body())
             elif ev.finish_reason != "cancelled":
                 yield _sse(self._final(handles[i], c, i, req, stream=True, id_slot=slots[i]))
+
+
+def pick_fields(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """llama-server's `response_fields`: each path that exists, as a top-level key (paths that
+    do not exist are left out, without an error)."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        cur: Any = result
+        for key in path.split("/"):
+            if not isinstance(cur, dict) or key not in cur:
+                break
+            cur = cur[key]
+        else:
+            out[path] = cur
+    return out
 
 
 async def _cancel_on_disconnect(handles: list[RequestHandle], request: Request) -> None:
