@@ -505,3 +505,15 @@ def test_response_fields_pick_and_unnest(server):
     status, out = server.request("POST", "/completion", body)
     assert status == 200 and set(out) == {"content", "generation_settings/n_predict", "timings/prompt_n"}, out
     assert out["generation_settings/n_predict"] == 2 and out["timings/prompt_n"] >= 1
+
+
+def test_chat_n_probs_temperature_above_two_and_props_post(server, client):
+    """llama-server's readings: n_probs on a chat request turns logprobs on; a temperature above
+    OpenAI's 2 is taken; POST /props (settings at run time) is 501 not_supported_error."""
+    body = {"model": "tiny-test", "messages": MSGS, "max_tokens": 2, "n_probs": 3, "temperature": 3.5}
+    status, out = server.request("POST", "/v1/chat/completions", body)
+    assert status == 200, out
+    content = out["choices"][0]["logprobs"]["content"]
+    assert len(content) == 2 and all(len(e["top_logprobs"]) == 3 for e in content)
+    status, out = server.request("POST", "/props", {"n_ctx": 10})
+    assert status == 501 and out["error"]["type"] == "not_supported_error", out

@@ -189,6 +189,11 @@ def create_app(state: ServerState) -> FastAPI:
     async def props() -> Any:
         return serving().props()
 
+    @app.post("/props")
+    async def set_props() -> Any:  # llama-server answers the same unless started with --props
+        raise APIError(501, "This server does not support changing global properties (llama-server's --props): "
+                            "restart it with the flags you want", type="not_supported_error")
+
     @app.get("/slots")
     async def slots(fail_on_no_slot: int = 0) -> Any:
         if not state.slots_enabled:

@@ -127,7 +127,7 @@ class SamplingFields(Lenient):
 
     model: str | None = None
     max_tokens: int | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)  # llama-server: no upper bound
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -220,6 +220,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    n_probs: int | None = Field(default=None, ge=0, le=100)  # llama-server: logprobs with this many alternatives
     reasoning_effort: Literal["none", "low", "medium", "high"] | None = None  # "none": reasoning off
     reasoning_format: Literal["none", "auto", "deepseek"] | None = None  # llama-server extra
     add_generation_prompt: bool = True  # llama-server extras: see server/chat_checks.py
@@ -246,6 +247,13 @@ class ChatCompletionRequest(SamplingFields):
             if forced and forced not in names:
                 raise ValueError(f"tool_choice names function {forced!r}, which is not in 'tools' ({names})")
         return self
+
+    def logprobs_k(self) -> int | None:
+        """Alternatives per token in the logprobs (None: no logprobs): OpenAI's top_logprobs, or
+        llama-server's n_probs, which turns logprobs on by itself."""
+        if self.logprobs:
+            return self.top_logprobs or 0
+        return self.n_probs or None
 
     def forced_tool(self) -> str | None:
         """None: the model may answer in text; "": it must call one of the tools ('required');

@@ -437,7 +437,7 @@ class Serving:
         rendered, ids = await self.chat_rendered(req)
         prefix = self._forced_prefix(req, ids, rendered.enable_thinking)
         context = self.tokenizer.encode(rendered.continuation, allow_special=True) if rendered.continuation else []
-        k = (req.top_logprobs or 0) if req.logprobs else None
+        k = req.logprobs_k()
         raw = (req.reasoning_format or self.config.reasoning_format) == "none"
         views = [ChatView(self.tokenizer, raw=raw, stop=req.stop_list(), prefix_ids=prefix, context_ids=context)
                  for _ in range(n)]
