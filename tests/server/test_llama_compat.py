@@ -491,7 +491,8 @@ def test_verbose_off_by_default_and_any_model_on_v1_completions(client):
 def test_the_end_token_is_listed_in_tokens_as_llama_server_does(server):
     _, tok = server.request("POST", "/tokenize", {"content": "<|return|>"})
     (ret,) = tok["tokens"]
-    body = {"prompt": [10, 11, 12, 13], "n_predict": 5, "temperature": 0, "return_tokens": True, "logit_bias": [[ret, 1000]]}
+    body = {"prompt": [10, 11, 12, 13], "n_predict": 5, "temperature": 0, "return_tokens": True,
+            "logit_bias": [[ret, 1000]]}
     status, out = server.request("POST", "/completion", body)
     assert status == 200 and out["stop_type"] == "eos", out
     assert out["tokens"] == [ret] and out["content"] == "" and out["tokens_predicted"] == 1

@@ -143,3 +143,9 @@ def test_refused_requests_name_the_field(scripted_server, body, words):
         "POST", "/v1/messages", {"model": "tiny-test", "max_tokens": 8, "messages": USER, **body})
     assert status == 400 and out["error"]["type"] == "invalid_request_error", out
     assert words in out["error"]["message"], out
+
+
+def test_model_may_be_left_out_as_llama_server_allows(server):
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    status, out = server.request("POST", "/v1/messages", body)
+    assert status == 200 and out["type"] == "message", out

@@ -67,7 +67,8 @@ class ModelRunner:
         # The penalties count the prompt too; ignore_eos bans the end tokens (llama-server's rule).
         ignore = req.params.ignore_eos
         seq.sampler = Sampler(req.params, history=req.prompt_ids, banned=sorted(self.eog_ids) if ignore else (),
-                              breakers=req.dry_breakers if req.dry_breakers is not None else self._dry_breakers(req.params))
+                              breakers=req.dry_breakers if req.dry_breakers is not None
+                              else self._dry_breakers(req.params))
         seq.stop_ids = frozenset() if ignore else self.eog_ids
         if req.constraint is not None:
             seq.constraint = make_constraint(req.constraint, token_table(self.tokenizer), seq.stop_ids)

@@ -123,7 +123,7 @@ class ToolChoiceIn(Lenient):
 class MessagesInput(Lenient):
     """What `count_tokens` takes: a request less its generation settings."""
 
-    model: str
+    model: str | None = None  # Anthropic requires it; llama-server (any model is served) does not
     messages: list[InputMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None

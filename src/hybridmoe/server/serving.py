@@ -444,7 +444,8 @@ class Serving:
         tool_calls = await self._tool_calls(req, ids) if constraint is None else None
         ids = ids + prefix
         # Last: nothing may fail after the submit.
-        return self.submit_n(ids, req, req.token_limit(), k, n, constraint, tool_calls, await self._dry_breakers(req)), views
+        dry = await self._dry_breakers(req)
+        return self.submit_n(ids, req, req.token_limit(), k, n, constraint, tool_calls, dry), views
 
     async def _chat_full(self, handles: list[RequestHandle], views: list[ChatView], head: dict[str, Any],
                          disconnected: Disconnected | None) -> dict[str, Any]:
