@@ -122,9 +122,12 @@ class Sampler:
         self._penalties.active = self._penalties.active and "penalties" in self._order and not c.mirostat
         self._dry = Dry(c.dry_multiplier, c.dry_base, c.dry_allowed_length, c.dry_penalty_last_n, breakers or {})
         self._dry.active = self._dry.active and "dry" in self._order and not c.mirostat
-        history = list(history)
-        for t in history if (self._penalties.active or self._dry.active) else ():
-            self.accept(t)
+        windows = [w.maxlen for w, on in ((self._penalties.window, self._penalties.active),
+                                            (self._dry.tokens, self._dry.active)) if on]
+        if windows:  # only the windows' tail of a long prompt matters (a 100k-token prompt, 64 kept)
+            tail = list(history)
+            for t in tail[-max(windows):] if None not in windows else tail:
+                self.accept(t)
         self._mu = 2.0 * c.mirostat_tau
         self._bias = None
         bias = params.logit_bias + tuple((t, -math.inf) for t in banned)

@@ -189,7 +189,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def props() -> Any:
         return serving().props()
 
-    @app.post("/props")
+    @app.post("/props", include_in_schema=False)
     async def set_props() -> Any:  # llama-server answers the same unless started with --props
         raise APIError(501, "This server does not support changing global properties (llama-server's --props): "
                             "restart it with the flags you want", type="not_supported_error")
