@@ -518,3 +518,12 @@ def test_chat_n_probs_temperature_above_two_and_props_post(server, client):
     assert len(content) == 2 and all(len(e["top_logprobs"]) == 3 for e in content)
     status, out = server.request("POST", "/props", {"n_ctx": 10})
     assert status == 501 and out["error"]["type"] == "not_supported_error", out
+
+
+def test_lora_adapters_lists_none(server):
+    assert server.request("GET", "/lora-adapters") == (200, [])
+    assert server.request("POST", "/lora-adapters", []) == (200, {"success": True})
+    status, out = server.request("POST", "/lora-adapters", [{"id": 0, "scale": 1.0}])
+    assert status == 400 and "no LoRA adapter" in out["error"]["message"], out
+    status, out = server.request("POST", "/lora-adapters", {"id": 0})
+    assert status == 400, out

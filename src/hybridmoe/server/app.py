@@ -189,6 +189,17 @@ def create_app(state: ServerState) -> FastAPI:
     async def props() -> Any:
         return serving().props()
 
+    @app.get("/lora-adapters")
+    async def lora_adapters() -> Any:  # llama-server's list; none can be loaded here
+        return []
+
+    @app.post("/lora-adapters")
+    async def set_lora_adapters(adapters: list[Any]) -> Any:
+        if adapters:  # llama-server answers success and ignores ids it does not have; an error is kinder
+            raise APIError(400, f"no LoRA adapter is loaded (this server loads none), got {adapters[0]!r}",
+                           param="adapters")
+        return {"success": True}
+
     @app.post("/props", include_in_schema=False)
     async def set_props() -> Any:  # llama-server answers the same unless started with --props
         raise APIError(501, "This server does not support changing global properties (llama-server's --props): "
