@@ -89,7 +89,7 @@ COMMANDS_OF = {PlacementSettings: GROUPS["placement"][1], ContextSettings: GROUP
                SamplingDefaults: GROUPS["sampling"][1], ServerLimits: ("serve",)}
 SAMPLE_VALUES = {"override_tensor": "exps=CPU", "gpu_device": "cuda:1", "gpu_dense_dtype": "bf16", "fit": "on",
                  "cache_type_k": "f16", "cache_type_v": "q8_0",
-                 "n_gpu_layers": "auto", "temp": "0.5", "top_p": "0.5", "min_p": "0.1"}
+                 "n_gpu_layers": "auto", "temp": "0.5", "top_p": "0.5", "min_p": "0.1", "logit_bias": "15+1"}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -223,3 +223,19 @@ def test_cache_types_as_llama_server_names_them(k, v, kv_bytes, notes):
 def test_unknown_cache_type_names_the_flag():
     with pytest.raises(SettingsError, match=r"-ctv/--cache-type-v.*f32, f16"):
         ContextSettings(cache_type_v="q2_k")
+
+
+@pytest.mark.parametrize("value,want", [("15043+1", (15043, 1.0)), ("15043-inf", (15043, float("-inf"))),
+                                        ("7-0.5", (7, -0.5)), ("0+2e3", (0, 2000.0))])
+def test_logit_bias_flag_reads_llama_cpp_form(value, want):
+    from hybridmoe.settings.sampling import parse_logit_bias_flag
+
+    assert parse_logit_bias_flag(value) == want
+
+
+@pytest.mark.parametrize("value", ["abc", "15", "15+inf", "15*2", "-3+1", "15+nan", "15+"])
+def test_logit_bias_flag_refuses_other_forms(value):
+    from hybridmoe.settings.sampling import parse_logit_bias_flag
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_logit_bias_flag(value)

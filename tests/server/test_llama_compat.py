@@ -327,13 +327,15 @@ def test_public_routes_with_api_key(server):
 @pytest.fixture(scope="module")
 def flagged(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Two slots; --seed, aliases and tags, -n, --verbose, --no-slots, --reasoning off, --swa-full,
-    --context-shift, a CORS allow-list, and both loopback addresses; replies can be scripted."""
+    --context-shift, a CORS allow-list, both loopback addresses, sampler flags (order, logit bias,
+    penalties, DRY); replies can be scripted."""
     logs = tmp_path_factory.mktemp("logs")
     srv = start_server(served_model, [
         "-np", "2", "-t", "1", "--seed", "42", "--alias", "tiny-b,tiny-a", "--tags", "small,test", "-n", "5",
         "--verbose", "--no-slots", "--reasoning", "off", "--swa-full", "--context-shift",
-        "--cors-origins", "http://good.example", "--host", "127.0.0.1,::1"], logs / "flagged.log", None,
-        logs / "script.json")
+        "--cors-origins", "http://good.example", "--host", "127.0.0.1,::1", "--samplers", "top_k;temperature",
+        "-l", "77+1000", "--repeat-penalty", "1.3", "--dry-multiplier", "0.5", "--dry-sequence-breaker", "@"],
+        logs / "flagged.log", None, logs / "script.json")
     yield srv
     stop_server(srv)
 
@@ -527,3 +529,17 @@ def test_lora_adapters_lists_none(server):
     assert status == 400 and "no LoRA adapter" in out["error"]["message"], out
     status, out = server.request("POST", "/lora-adapters", {"id": 0})
     assert status == 400, out
+
+
+def test_flags_set_the_sampling_defaults(flagged):
+    """--samplers, -l/--logit-bias, --repeat-penalty, --dry-*: the defaults of requests that send
+    none (a request's own logit_bias replaces the flag's, as in llama-server)."""
+    params = flagged.request("GET", "/props")[1]["default_generation_settings"]["params"]
+    assert params["samplers"] == ["top_k", "temperature"] and params["repeat_penalty"] == 1.3
+    assert params["dry_multiplier"] == 0.5 and params["dry_sequence_breakers"] == ["@"]
+    body = {"prompt": [10, 11, 12], "n_predict": 2, "temperature": 0, "return_tokens": True}
+    status, out = flagged.request("POST", "/completion", body)
+    assert status == 200 and out["tokens"] == [77, 77], out  # +1000 wins over every penalty
+    assert out["generation_settings"]["logit_bias"] == [{"bias": 1000.0, "token": 77}]
+    status, out = flagged.request("POST", "/completion", {**body, "logit_bias": []})
+    assert status == 200 and 77 not in out["tokens"] and out["generation_settings"]["logit_bias"] == [], out

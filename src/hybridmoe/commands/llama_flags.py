@@ -35,8 +35,8 @@ _ONE_VALUE = """
 -tbd --threads-batch-draft -mm --mmproj -mmu --mmproj-url -mv --model-vocoder --lora
 --control-vector --override-kv --rope-scaling --rope-scale --rope-freq-base --rope-freq-scale
 --yarn-orig-ctx --yarn-ext-factor --yarn-attn-factor --yarn-beta-slow --yarn-beta-fast
--gan --grp-attn-n -gaw --grp-attn-w --keep -l --logit-bias --grammar --grammar-file -j --json-schema
--jf --json-schema-file --samplers --sampling-seq --sampler-seq
+-gan --grp-attn-n -gaw --grp-attn-w --keep --grammar --grammar-file -j --json-schema
+-jf --json-schema-file
 --path --api-prefix --ssl-key-file --ssl-cert-file --log-file --log-colors -lv --verbosity
 --log-verbosity --reasoning-budget -sps --slot-prompt-similarity --media-path --models-dir
 --models-max --models-preset --webui-config --webui-config-file --image-min-tokens

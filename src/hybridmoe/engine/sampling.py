@@ -20,11 +20,10 @@ import torch
 
 from hybridmoe.engine import samplers as steps
 from hybridmoe.engine.dry import Breakers, Dry
-from hybridmoe.settings import SAMPLING_DEFAULTS, SamplerSettings, check_sampling
+from hybridmoe.settings import SAMPLER_NAMES, SAMPLER_ORDER, SAMPLING_DEFAULTS, SamplerSettings, check_sampling
 
-DEFAULT_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
-# "infill" and "adaptive_p" are accepted and do nothing (no fill-in-the-middle here; adaptive-p not done).
-KNOWN_SAMPLERS = frozenset(DEFAULT_ORDER) | {"infill", "adaptive_p"}
+DEFAULT_ORDER = SAMPLER_ORDER
+KNOWN_SAMPLERS = SAMPLER_NAMES  # "infill" and "adaptive_p" are accepted and do nothing
 # Steps that may move the top choice (so a greedy pick must run the chain).
 _MOVES_TOP = ("penalties", "dry", "typ_p", "xtc")
 

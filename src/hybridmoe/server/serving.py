@@ -28,7 +28,7 @@ from hybridmoe.engine.constraints import (
 )
 from hybridmoe.engine.dry import Breakers, cached_breakers
 from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
-from hybridmoe.engine.sampling import DEFAULT_ORDER, KNOWN_SAMPLERS, SamplingParams
+from hybridmoe.engine.sampling import SamplingParams
 from hybridmoe.server.chat_checks import check_messages
 from hybridmoe.server.chat_render import ChatRenderer, Rendered
 from hybridmoe.server.chat_view import ChatView
@@ -51,7 +51,7 @@ from hybridmoe.server.protocol import (
     bad_request,
 )
 from hybridmoe.server.shutdown import InFlight
-from hybridmoe.settings import SamplerSettings, SamplingDefaults  # server-wide (`--temp`, ...), llama-server's values
+from hybridmoe.settings import SamplerSettings, SamplingDefaults, parse_samplers  # server-wide (`--temp`, ...)
 from hybridmoe.tokenizer.tokenizer import TokenLimitExceeded
 
 
@@ -110,11 +110,6 @@ def _sse(obj: dict[str, Any] | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-# llama-server's sampler names and one-letter codes (common/sampling.cpp) -> the names used here.
-_SAMPLER_ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p", "temp": "temperature",
-                    "typical_p": "typ_p", "typical": "typ_p", "top-n-sigma": "top_n_sigma", "adaptive-p": "adaptive_p"}
-_SAMPLER_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
-                  "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}
 # Request fields that set settings.SamplerSettings (the protocol has one for each)
 _CHAIN_FIELDS = tuple(f.name for f in dataclasses.fields(SamplerSettings))
 
@@ -128,20 +123,12 @@ def exceed_context(n_prompt: int, n_ctx: int, param: str, at_least: bool = False
                     code="context_length_exceeded", extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
 
 
-def sampler_order(samplers: list[str] | str | None) -> tuple[str, ...] | None:
+def sampler_order(samplers: list[str] | str) -> tuple[str, ...]:
     """`samplers` as a list of names or a string of letters ("kpmt") -> names; 400 on unknown ones."""
-    if samplers is None:
-        return None
-    if isinstance(samplers, str):
-        bad = [ch for ch in samplers if ch not in _SAMPLER_CHARS]
-        if bad:
-            raise bad_request(f"unknown sampler letter {bad[0]!r} in samplers", param="samplers")
-        return tuple(_SAMPLER_CHARS[ch] for ch in samplers)
-    names = tuple(_SAMPLER_ALIASES.get(n.lower(), n.lower()) for n in samplers)
-    unknown = [n for n in names if n not in KNOWN_SAMPLERS]
-    if unknown:
-        raise bad_request(f"unknown sampler {unknown[0]!r} in samplers", param="samplers")
-    return names
+    try:
+        return parse_samplers(samplers)
+    except ValueError as e:
+        raise bad_request(str(e), param="samplers") from None
 
 
 class Serving:
@@ -154,6 +141,10 @@ class Serving:
         self.template = config.chat_template or engine.model_info.chat_template
         if not self.template:
             raise ValueError(f"{config.model_path} has no tokenizer.chat_template; pass --chat-template-file")
+        outside = [t for t, _ in config.defaults.logit_bias if t >= self.tokenizer.vocab_size]
+        if outside:
+            raise ValueError(f"-l/--logit-bias: token id {outside[0]} is outside the vocabulary "
+                             f"(0..{self.tokenizer.vocab_size - 1})")
         path = Path(config.model_path)
         # Any model name is served (llama-server serves its one model whatever the client sends).
         self.model_id = (config.aliases() or [path.name])[0]
@@ -226,10 +217,11 @@ class Serving:
             seed=req.seed if req.seed is not None else self.config.seed,
             max_tokens=min(limit, room) if limit is not None else room,
             ignore_eos=req.ignore_eos,
-            samplers=sampler_order(req.samplers),
+            samplers=sampler_order(req.samplers) if req.samplers is not None else d.order,
             chain=self._chain(req),
-            logit_bias=resolve_logit_bias(req.logit_bias, lambda text: self.tokenizer.encode(text, allow_special=False),
-                                          self.tokenizer.vocab_size),
+            logit_bias=d.logit_bias if req.logit_bias is None else resolve_logit_bias(
+                req.logit_bias, lambda text: self.tokenizer.encode(text, allow_special=False),
+                self.tokenizer.vocab_size),
         )
         try:
             params.validate()
@@ -673,7 +665,7 @@ class Serving:
                 "params": {"seed": 4294967295 if self.config.seed is None else self.config.seed,
                            "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
                            "n_predict": self.config.n_predict, "max_tokens": self.config.n_predict,
-                           "samplers": list(DEFAULT_ORDER), "reasoning_format": self.config.reasoning_format,
+                           "samplers": list(d.order), "reasoning_format": self.config.reasoning_format,
                            **{k: list(v) if isinstance(v, tuple) else v
                               for k, v in dataclasses.asdict(d.samplers).items()}},
             },

@@ -17,19 +17,22 @@ from hybridmoe.settings.context import (
 )
 from hybridmoe.settings.placement import GPU_DENSE_DTYPES, PlacementSettings, add_placement_args, gpu_layers
 from hybridmoe.settings.sampling import (
+    SAMPLER_NAMES,
+    SAMPLER_ORDER,
     SAMPLING_DEFAULTS,
     SamplerSettings,
     SamplingDefaults,
     add_sampling_args,
     check_sampling,
+    parse_samplers,
 )
 from hybridmoe.settings.server import ServerLimits, add_server_limit_args
 from hybridmoe.settings.values import SettingsError, byte_size, on_off
 
 __all__ = [
-    "GPU_DENSE_DTYPES", "SAMPLING_DEFAULTS", "ComputeSettings", "ContextSettings", "ParallelSettings",
+    "GPU_DENSE_DTYPES", "SAMPLER_NAMES", "SAMPLER_ORDER", "SAMPLING_DEFAULTS", "ComputeSettings", "ContextSettings", "ParallelSettings",
     "PlacementSettings", "PromptCacheSettings", "SamplerSettings", "SamplingDefaults", "ServerLimits",
     "SettingsError", "add_compute_args", "add_context_args", "add_parallel_args", "add_placement_args",
     "add_prompt_cache_args", "add_sampling_args", "add_server_limit_args", "byte_size", "check_sampling",
-    "gpu_layers", "on_off",
+    "gpu_layers", "on_off", "parse_samplers",
 ]

@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hybridmoe.settings.values import require
+from hybridmoe.settings.values import SettingsError, require
 
 
 FLAG_NAMES = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
@@ -26,6 +27,43 @@ def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float, s
     require(0 < top_p <= 1, names["top_p"], "be in (0, 1]", top_p)
     require(0 <= min_p <= 1, names["min_p"], "be in [0, 1]", min_p)
     require(seed is None or -(2**63) <= seed < 2**64, names["seed"], "be a 64-bit integer (negative: random)", seed)
+
+
+# llama.cpp's sampler names in its default order, then the ones accepted that do nothing here
+# ("infill": no fill-in-the-middle; "adaptive_p": not done), aliases and one-letter codes.
+SAMPLER_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+SAMPLER_NAMES = frozenset(SAMPLER_ORDER) | {"infill", "adaptive_p"}
+SAMPLER_ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p", "temp": "temperature",
+                   "typical_p": "typ_p", "typical": "typ_p", "top-n-sigma": "top_n_sigma", "adaptive-p": "adaptive_p"}
+SAMPLER_LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
+                   "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}
+
+
+def parse_samplers(value: list[str] | str) -> tuple[str, ...]:
+    """llama-server's `samplers`: a list of names (aliases allowed) or a string of letters
+    ("edskypmxt") -> names; ValueError naming an unknown one."""
+    if isinstance(value, str):
+        bad = [ch for ch in value if ch not in SAMPLER_LETTERS]
+        if bad:
+            raise ValueError(f"unknown sampler letter {bad[0]!r} in samplers")
+        return tuple(SAMPLER_LETTERS[ch] for ch in value)
+    names = tuple(SAMPLER_ALIASES.get(n.lower(), n.lower()) for n in value)
+    unknown = [n for n in names if n not in SAMPLER_NAMES]
+    if unknown:
+        raise ValueError(f"unknown sampler {unknown[0]!r} in samplers; known: {', '.join(sorted(SAMPLER_NAMES))}")
+    return names
+
+
+def parse_logit_bias_flag(value: str) -> tuple[int, float]:
+    """llama.cpp's `-l/--logit-bias TOKEN_ID(+/-)BIAS` (e.g. 15043+1, 15043-inf)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\S+)\s*", value)
+    try:
+        bias = float(m.group(3)) if m else math.nan
+    except ValueError:
+        bias = math.nan
+    if m is None or math.isnan(bias) or (bias == math.inf and m.group(2) == "+"):
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1), got {value!r}")
+    return int(m.group(1)), bias if m.group(2) == "+" else -bias
 
 
 # llama-server's default DRY sequence breakers (common/common.h)
@@ -103,6 +141,8 @@ class SamplingDefaults:
     seed: int = -1
     n_predict: int = -1
     samplers: SamplerSettings = SamplerSettings()
+    order: tuple[str, ...] = SAMPLER_ORDER  # --samplers / --sampling-seq
+    logit_bias: tuple[tuple[int, float], ...] = ()  # -l/--logit-bias, for requests that send none
 
     def __post_init__(self) -> None:
         check_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.seed, FLAG_NAMES)
@@ -121,8 +161,17 @@ class SamplingDefaults:
         breakers = chain["dry_sequence_breakers"]
         chain["dry_sequence_breakers"] = (DRY_BREAKERS if breakers is None
                                           else () if breakers == ["none"] else tuple(breakers))
+        order = SAMPLER_ORDER
+        try:
+            if args.samplers is not None:
+                order = parse_samplers(args.samplers.split(";"))
+            if args.sampling_seq is not None:
+                order = parse_samplers(args.sampling_seq)
+        except ValueError as e:
+            raise SettingsError(f"--samplers / --sampling-seq: {e}") from None
         return cls(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                   seed=args.seed, n_predict=args.n_predict, samplers=SamplerSettings(**chain))
+                   seed=args.seed, n_predict=args.n_predict, samplers=SamplerSettings(**chain), order=order,
+                   logit_bias=tuple(args.logit_bias or ()))
 
 
 SAMPLING_DEFAULTS = SamplingDefaults()
@@ -138,6 +187,13 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
         g.add_argument("--top-p", type=float, default=d.top_p, help=f"top-p, 1 = off (default {d.top_p})"),
         g.add_argument("--min-p", type=float, default=d.min_p, help=f"min-p, 0 = off (default {d.min_p})"),
         *_sampler_args(g, d.samplers),
+        g.add_argument("--samplers", default=None,
+                       help="the samplers in order, ';'-separated (default " + ";".join(SAMPLER_ORDER) + ")"),
+        g.add_argument("--sampling-seq", "--sampler-seq", dest="sampling_seq", default=None,
+                       help="the same as letters (default edskypmxt)"),
+        g.add_argument("-l", "--logit-bias", dest="logit_bias", type=parse_logit_bias_flag, action="append",
+                       default=None, help="TOKEN_ID(+/-)BIAS added to a token's logit, e.g. 15043+1 or 15043-inf "
+                                          "(repeatable); for requests without logit_bias"),
         g.add_argument("-s", "--seed", type=int, default=d.seed, help="RNG seed (-1: random)"),
         g.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=d.n_predict,
                        help="tokens to generate (-1: up to the end of the context or an end token)"),
