@@ -6,7 +6,6 @@ breaker is never penalized. Rules as llama.cpp's src/llama-sampler.cpp (docs/sam
 
 from __future__ import annotations
 
-import collections
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -71,26 +70,46 @@ def cached_breakers(tokenizer: object, texts: Sequence[str], pieces: Callable[[]
 
 
 class Dry:
-    """The penalty's state for one request: the last `last_n` tokens (-1: all) of prompt and reply."""
+    """The penalty's state for one request: the last `last_n` tokens (-1: all) of prompt and reply,
+    in a growing numpy buffer. Each call costs a vectorized pass over the window plus work on the
+    positions that match; the latest breaker is found incrementally, so a long context without
+    breakers does not cost a Python loop per token (the engine thread samples every stream)."""
 
     def __init__(self, multiplier: float, base: float, allowed_length: int, last_n: int, breakers: Breakers):
         self.multiplier, self.base, self.allowed = multiplier, base, allowed_length
         self.breakers = breakers
         self.active = multiplier != 0.0 and base >= 1.0 and last_n != 0
-        self.tokens: collections.deque[int] = collections.deque(maxlen=None if last_n < 0 else last_n)
+        self.last_n = last_n
         self.max_exponent = int(FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
+        self._buf = np.zeros(256, dtype=np.int64)
+        self._n = 0  # tokens accepted
+        self._heads = np.array(sorted(breakers), dtype=np.int64)
+        self._scanned = 0  # positions before this were looked at for breaker heads
+        self._anchor: tuple[int, int] | None = None  # latest head with a complete breaker: (position, tail length)
+
+    @property
+    def maxlen(self) -> int | None:
+        """The window's length (None: all tokens)."""
+        return None if self.last_n < 0 else self.last_n
 
     def accept(self, token: int) -> None:
-        if self.active:
-            self.tokens.append(token)
+        if not self.active:
+            return
+        if self._n == len(self._buf):
+            self._buf = np.concatenate([self._buf, np.zeros_like(self._buf)])
+        self._buf[self._n] = token
+        self._n += 1
 
     def penalties(self) -> dict[int, float]:
         """token id -> what its logit loses now."""
-        n = len(self.tokens)
-        if not self.active or n <= self.allowed:
+        if not self.active:
             return {}
-        t = np.fromiter(self.tokens, dtype=np.int64, count=n)
-        limit = self._repeat_limit(t)
+        start = 0 if self.last_n < 0 else max(0, self._n - self.last_n)
+        t = self._buf[start : self._n]
+        n = len(t)
+        if n <= self.allowed:
+            return {}
+        limit = self._repeat_limit(start, n)
         if limit < self.allowed:
             return {}
         # match[j]: how many tokens ending at position j equal the text's last ones (at most
@@ -119,18 +138,29 @@ class Dry:
             out[tok] = self.multiplier * self.base**e
         return out
 
-    def _repeat_limit(self, t: np.ndarray) -> int:
-        """How far a repeat may reach back: to just after the most recent breaker."""
-        n = len(t)
-        for i in range(n):  # i tokens from the end
-            tails = self.breakers.get(int(t[n - 1 - i]))
-            if not tails:
-                continue
+    def _repeat_limit(self, start: int, n: int) -> int:
+        """How far a repeat may reach back: to just after the latest complete breaker in the
+        window (its head at distance i from the end, its tail of length k: i - k)."""
+        self._scan()
+        if self._anchor is None or self._anchor[0] < start:
+            return n
+        p, k = self._anchor
+        return (self._n - 1 - p) - k
+
+    def _scan(self) -> None:
+        """Look for breaker heads among the new positions, and again among the last
+        MAX_BREAKER_TAIL ones (whose tails may have completed since)."""
+        if not len(self._heads):
+            return
+        lo = max(0, self._scanned - MAX_BREAKER_TAIL)
+        seg = self._buf[lo : self._n]
+        for off in np.nonzero(np.isin(seg, self._heads))[0].tolist():
+            p = lo + off
             longest = -1
-            for tail in tails:
+            for tail in self.breakers[int(self._buf[p])]:
                 k = len(tail)
-                if longest < k <= i and all(tail[o] == t[n - i + o] for o in range(k)):
+                if longest < k and p + k <= self._n - 1 and all(tail[o] == self._buf[p + 1 + o] for o in range(k)):
                     longest = k
-            if longest >= 0:
-                return i - longest
-        return n
+            if longest >= 0 and (self._anchor is None or p >= self._anchor[0]):
+                self._anchor = (p, longest)
+        self._scanned = self._n

@@ -121,8 +121,8 @@ class Sampler:
         self._penalties.active = self._penalties.active and "penalties" in self._order and not c.mirostat
         self._dry = Dry(c.dry_multiplier, c.dry_base, c.dry_allowed_length, c.dry_penalty_last_n, breakers or {})
         self._dry.active = self._dry.active and "dry" in self._order and not c.mirostat
-        windows = [w.maxlen for w, on in ((self._penalties.window, self._penalties.active),
-                                            (self._dry.tokens, self._dry.active)) if on]
+        windows = [m for m, on in ((self._penalties.window.maxlen, self._penalties.active),
+                                     (self._dry.maxlen, self._dry.active)) if on]
         if windows:  # only the windows' tail of a long prompt matters (a 100k-token prompt, 64 kept)
             tail = list(history)
             for t in tail[-max(windows):] if None not in windows else tail:
