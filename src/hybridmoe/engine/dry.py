@@ -100,6 +100,18 @@ class Dry:
         self._buf[self._n] = token
         self._n += 1
 
+    def accept_all(self, tokens: list[int]) -> None:
+        """The prompt at once: only the window's tail is kept."""
+        if not self.active or not tokens:
+            return
+        tail = np.asarray(tokens if self.last_n < 0 else tokens[-self.last_n:], dtype=np.int64)
+        if self._n + len(tail) > len(self._buf):
+            grown = np.zeros(max(2 * len(self._buf), self._n + len(tail)), dtype=np.int64)
+            grown[: self._n] = self._buf[: self._n]
+            self._buf = grown
+        self._buf[self._n : self._n + len(tail)] = tail
+        self._n += len(tail)
+
     def penalties(self) -> dict[int, float]:
         """token id -> what its logit loses now."""
         if not self.active:

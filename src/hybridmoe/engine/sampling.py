@@ -66,7 +66,8 @@ class TokenLogprobs:
 
 
 class Penalties:
-    """llama.cpp's repetition penalties over the last `last_n` tokens (-1: all)."""
+    """llama.cpp's repetition penalties over the last `last_n` tokens (-1: all). Counts are kept
+    per token id in a dense array, so a whole-context window costs a vectorized pass a token."""
 
     def __init__(self, c: SamplerSettings):
         self.c = c
@@ -74,29 +75,43 @@ class Penalties:
             c.repeat_penalty != 1.0 or c.presence_penalty != 0.0 or c.frequency_penalty != 0.0)
         self.window: collections.deque[int] = collections.deque(
             maxlen=None if c.repeat_last_n < 0 else c.repeat_last_n)
-        self.counts: collections.Counter[int] = collections.Counter()
+        self.counts = torch.zeros(1024, dtype=torch.int32)  # grown to the largest id seen
 
     def accept(self, token: int) -> None:
         if not self.active:
             return
         w = self.window
         if w.maxlen is not None and len(w) == w.maxlen:
-            old = w[0]
-            self.counts[old] -= 1
-            if not self.counts[old]:
-                del self.counts[old]
+            self.counts[w[0]] -= 1
+        self._grow(token)
         w.append(token)
         self.counts[token] += 1
+
+    def accept_all(self, tokens: list[int]) -> None:
+        """The prompt at once (a bincount, not a Python step per token)."""
+        if not self.active or not tokens:
+            return
+        assert not self.window, "the prompt comes first"
+        tail = tokens if self.window.maxlen is None else tokens[-self.window.maxlen:]
+        self._grow(max(tail))
+        self.counts += torch.bincount(torch.tensor(tail), minlength=len(self.counts)).to(torch.int32)
+        self.window.extend(tail)
+
+    def _grow(self, token: int) -> None:
+        if token >= len(self.counts):
+            grown = torch.zeros(max(2 * len(self.counts), token + 1), dtype=torch.int32)
+            grown[: len(self.counts)] = self.counts
+            self.counts = grown
 
     def apply(self, cands: steps.Candidates) -> None:
         """A repeated token's logit divided by repeat_penalty (multiplied when <= 0), minus count x
         frequency_penalty and presence_penalty."""
-        if not self.active or not self.counts:
+        if not self.active or not self.window:
             return
         c = self.c
-        ids = torch.tensor(sorted(self.counts), dtype=torch.int64)
+        ids = torch.nonzero(self.counts).flatten()
         pos, found = cands.positions(ids)
-        counts = torch.tensor([self.counts[i] for i in ids[found].tolist()], dtype=torch.float32)
+        counts = self.counts[ids[found]].to(torch.float32)
         v = cands.logits[pos]
         v = torch.where(v <= 0, v * c.repeat_penalty, v / c.repeat_penalty)
         cands.logits = cands.logits.clone()
@@ -121,12 +136,10 @@ class Sampler:
         self._penalties.active = self._penalties.active and "penalties" in self._order and not c.mirostat
         self._dry = Dry(c.dry_multiplier, c.dry_base, c.dry_allowed_length, c.dry_penalty_last_n, breakers or {})
         self._dry.active = self._dry.active and "dry" in self._order and not c.mirostat
-        windows = [m for m, on in ((self._penalties.window.maxlen, self._penalties.active),
-                                     (self._dry.maxlen, self._dry.active)) if on]
-        if windows:  # only the windows' tail of a long prompt matters (a 100k-token prompt, 64 kept)
-            tail = list(history)
-            for t in tail[-max(windows):] if None not in windows else tail:
-                self.accept(t)
+        if self._penalties.active or self._dry.active:  # each keeps only its window's tail
+            prompt = list(history)
+            self._penalties.accept_all(prompt)
+            self._dry.accept_all(prompt)
         self._mu = 2.0 * c.mirostat_tau
         self._bias = None
         bias = params.logit_bias + tuple((t, -math.inf) for t in banned)
