@@ -104,3 +104,21 @@ def test_dry_xtc_and_mirostat_reach_the_sampler(server):
     assert status == 200 and out["generation_settings"]["mirostat"] == 2, out
     g = out["generation_settings"]
     assert (g["mirostat_tau"], g["dry_sequence_breakers"], g["xtc_threshold"]) == (3.0, ["\n", ":", "\"", "*"], 0.1)
+
+
+def test_post_sampling_probs_are_the_distribution_the_draw_saw(server):
+    """llama-server's post_sampling_probs: after top-k 2 (top-p and min-p off) the two candidates'
+    probabilities sum to 1 and the chosen token is one of them; a greedy pick has probability 1."""
+    body = {"prompt": PROMPT, "n_predict": 4, "n_probs": 3, "post_sampling_probs": True, "temperature": 1.0,
+            "top_k": 2, "top_p": 1.0, "min_p": 0.0, "seed": 3}
+    status, out = server.request("POST", "/completion", body)
+    assert status == 200, out
+    for e in out["completion_probabilities"]:
+        tops = e["top_probs"]
+        assert len(tops) == 2 and abs(sum(t["prob"] for t in tops) - 1) < 1e-5, e
+        assert e["id"] in [t["id"] for t in tops] and e["prob"] in [t["prob"] for t in tops], e
+    status, out = server.request("POST", "/completion", {**body, "temperature": 0})
+    for e in out["completion_probabilities"]:
+        assert e["prob"] == 1.0 and [t["id"] for t in e["top_probs"]] == [e["id"]], e
+    status, raw = server.request("POST", "/completion", {**body, "post_sampling_probs": False})
+    assert all(len(e["top_logprobs"]) == 3 for e in raw["completion_probabilities"])  # the model's own, top 3

@@ -25,6 +25,7 @@ class GenerationRequest:
     tool_calls: ToolCallSpecs | None = None  # without `constraint`: each call's arguments follow its function's schema
     cache_prompt: bool = True  # reuse cached KV of a matching prefix (llama-server's cache_prompt)
     dry_breakers: Breakers | None = None  # DRY's breakers as tokens, found off the engine thread (engine.dry)
+    post_sampling_probs: bool = False  # logprobs from the sampler chain's final distribution, not the model's
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 

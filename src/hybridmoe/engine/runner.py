@@ -99,7 +99,10 @@ class ModelRunner:
         seq.sampler.accept(token)
         if seq.constraint is not None:
             seq.constraint.advance(token)
-        lp = Sampler.logprobs(row, token, req.logprobs) if req.logprobs is not None else None
+        lp = None
+        if req.logprobs is not None:
+            lp = (seq.sampler.post_logprobs(token, req.logprobs) if req.post_sampling_probs
+                  else Sampler.logprobs(row, token, req.logprobs))
         return token, lp
 
     def cache_length(self, slot_id: int) -> int:

@@ -141,6 +141,7 @@ class Sampler:
             self._penalties.accept_all(prompt)
             self._dry.accept_all(prompt)
         self._mu = 2.0 * c.mirostat_tau
+        self._last: steps.Candidates | None = None  # what the last draw chose from (post_logprobs)
         self._bias = None
         bias = params.logit_bias + tuple((t, -math.inf) for t in banned)
         if bias:
@@ -220,13 +221,26 @@ class Sampler:
             x = self._biased(logits)
             if self._bias is not None and bool(torch.isneginf(x).all()):
                 raise ValueError("logit_bias bans every token that may come next")
-            return int(torch.argmax(x))
-        cands = self._chain(logits)
+            top = int(torch.argmax(x))
+            self._last = steps.Candidates(torch.tensor([top]), torch.zeros(1))  # the chain keeps the top only
+            return top
+        cands = self._last = self._chain(logits)
         if self.params.chain.mirostat:
             return self._mirostat(cands, logits.numel())
         if greedy:
             return int(cands.ids[int(torch.argmax(cands.logits))])
         return steps.draw(cands, self.generator)
+
+    def post_logprobs(self, token: int, k: int) -> TokenLogprobs:
+        """Log-probabilities in the distribution the last draw saw (after the chain, as
+        llama-server's post_sampling_probs): the chosen token's and the k most likely."""
+        c = self._last
+        assert c is not None, "sample() first"
+        lp = torch.log_softmax(c.logits, dim=-1)
+        hit = torch.nonzero(c.ids == token).flatten()
+        chosen = float(lp[int(hit[0])]) if hit.numel() else -math.inf
+        vals, idx = torch.topk(lp, min(k, len(c)))
+        return TokenLogprobs(token, chosen, [(int(c.ids[i]), float(v)) for i, v in zip(idx, vals)])
 
     def _mirostat(self, cands: steps.Candidates, n_vocab: int) -> int:
         """Mirostat's draw (1: a top-k whose k follows the estimated Zipf exponent; 2: tokens whose
@@ -248,6 +262,7 @@ class Sampler:
             keep = int((-torch.log2(probs) <= self._mu).to(torch.int64).cumprod(0).sum())
             cands.keep(torch.arange(len(cands)) < max(keep, 1))
         probs = cands.probs()
+        self._last = cands
         idx = steps.pick(probs, self.generator) if len(cands) > 1 else 0
         self._mu -= c.mirostat_eta * (-math.log2(float(probs[idx])) - c.mirostat_tau)
         return int(cands.ids[idx])

@@ -36,7 +36,6 @@ class NativeCompletionRequest(SamplingFields):
     n_probs: int | None = Field(default=None, ge=0, le=100)
     logprobs: int | None = Field(default=None, ge=0, le=100)  # alias of n_probs, as llama-server reads it
     return_tokens: bool = False
-    post_sampling_probs: bool = False
     temperature: float | None = Field(default=None, ge=0.0)
     # only these fields of the final result; "a/b" reaches into an object, under the key "a/b"
     response_fields: list[str] | None = None

@@ -67,7 +67,7 @@ def stop_info(c: Collected, stops: list[str], decode: Any) -> tuple[str, str]:
 
 def probs_json(lps: list[TokenLogprobs], token_bytes: Any, post_sampling: bool) -> list[dict[str, Any]]:
     """llama-server's `completion_probabilities`; with post_sampling_probs, `prob`/`top_probs`
-    (here: the model's raw probabilities, exp of the logprobs)."""
+    (the engine then gave the logprobs of the distribution the draw saw: exp of them)."""
     key = "prob" if post_sampling else "logprob"
 
     def one(tid: int, lp: float) -> dict[str, Any]:

@@ -163,6 +163,8 @@ class SamplingFields(Lenient):
     mirostat_tau: float | None = Field(default=None, allow_inf_nan=False)
     mirostat_eta: float | None = Field(default=None, allow_inf_nan=False)
     logit_bias: Any = None  # checked by server/logit_bias.py, whose errors name the entry
+    # llama-server: report probabilities after the sampler chain (what the draw saw), not the model's
+    post_sampling_probs: bool = False
     # Constrained output (one at most; see server/constraint_fields.py): llama-server's GBNF
     # `grammar` and `json_schema` fields, OpenAI's response_format.
     grammar: str | None = None

@@ -341,6 +341,7 @@ class Serving:
             tool_calls=tool_calls if constraint is None else None,
             cache_prompt=req.cache_prompt,
             dry_breakers=dry,
+            post_sampling_probs=req.post_sampling_probs,
         )
         try:
             return self.inflight.add(self.engine.submit(gen, loop=asyncio.get_running_loop()))
