@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from hybridmoe.engine import samplers as steps
@@ -254,10 +255,11 @@ class Sampler:
                 i = torch.arange(m, dtype=torch.float32)
                 t = torch.log((i + 2) / (i + 1))
                 b = torch.log(probs[:m] / probs[1 : m + 1])
-                s_hat = float((t * b).sum() / (t * t).sum())
-                eps = s_hat - 1
-                k = ((eps * 2.0**self._mu) / (1 - float(n_vocab) ** (-eps))) ** (1 / s_hat)
-                steps.top_k(cands, max(int(k), 1) if math.isfinite(k) else len(cands))
+                with np.errstate(all="ignore"):  # a flat or degenerate head: nan/inf, all kept
+                    s_hat = np.float64((t * b).sum() / (t * t).sum())
+                    eps = s_hat - 1
+                    k = ((eps * np.exp2(np.float64(self._mu))) / (1 - np.float64(n_vocab) ** (-eps))) ** (1 / s_hat)
+                steps.top_k(cands, max(int(k), 1) if np.isfinite(k) else len(cands))
         else:
             keep = int((-torch.log2(probs) <= self._mu).to(torch.int64).cumprod(0).sum())
             cands.keep(torch.arange(len(cands)) < max(keep, 1))
