@@ -68,6 +68,7 @@ def test_settings_are_reported_under_llama_server_names(server):
     ({"mirostat": 3}, "mirostat", "mirostat must be 0 (off), 1 or 2"),
     ({"min_keep": -1}, "min_keep", "min_keep must be >= 0"),
     ({"dry_sequence_breakers": []}, "dry_sequence_breakers", "at least 1 item"),
+    ({"dry_sequence_breakers": ["x"] * 65}, "dry_sequence_breakers", "at most 64 items"),
 ])
 def test_bad_fields_are_400_naming_them(server, body, param, msg):
     for path, base in (("/completion", {"prompt": "a"}), ("/v1/chat/completions",

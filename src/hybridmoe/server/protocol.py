@@ -151,7 +151,7 @@ class SamplingFields(Lenient):
     dry_base: float | None = Field(default=None, allow_inf_nan=False)
     dry_allowed_length: int | None = None
     dry_penalty_last_n: int | None = None
-    dry_sequence_breakers: list[str] | None = Field(default=None, min_length=1)
+    dry_sequence_breakers: list[str] | None = Field(default=None, min_length=1, max_length=64)  # each scans the vocab
     top_n_sigma: float | None = Field(default=None, allow_inf_nan=False)
     typical_p: float | None = Field(default=None, allow_inf_nan=False)
     xtc_probability: float | None = Field(default=None, allow_inf_nan=False)
