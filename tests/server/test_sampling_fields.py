@@ -62,6 +62,8 @@ def test_settings_are_reported_under_llama_server_names(server):
     ({"logit_bias": {"1": True}}, "logit_bias", "finite number or false"),
     ({"logit_bias": [[None, 1]]}, "logit_bias", "an id or a text"),
     ({"logit_bias": 5}, "logit_bias", "an object"),
+    ({"logit_bias": [["x" * 2000, 1.0]]}, "logit_bias", "at most 1024"),
+    ({"logit_bias": {str(i): 1.0 for i in range(5000)}}, "logit_bias", "at most 4096 are accepted"),
     ({"repeat_penalty": 0}, "repeat_penalty", "repeat_penalty must be > 0"),
     ({"repeat_last_n": -2}, "repeat_last_n", "repeat_last_n must be >= -1"),
     ({"dry_penalty_last_n": -5}, "dry_penalty_last_n", "dry_penalty_last_n must be >= -1"),

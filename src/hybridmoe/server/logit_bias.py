@@ -11,6 +11,7 @@ from typing import Any
 from hybridmoe.server.protocol import bad_request
 
 MAX_ENTRIES = 4096  # far above what a client sends (OpenAI accepts 300 or so)
+MAX_TEXT_CHARS = 1024  # a text entry is tokenized on the request's task: keep that short
 
 
 def resolve_logit_bias(value: Any, encode: Any, n_vocab: int) -> tuple[tuple[int, float], ...]:
@@ -27,6 +28,9 @@ def resolve_logit_bias(value: Any, encode: Any, n_vocab: int) -> tuple[tuple[int
             entries.append((pair[0], pair[1], f"logit_bias[{i}]"))
     else:
         raise bad_request("logit_bias must be an object {token: bias} or a list of [token, bias] pairs",
+                          param="logit_bias")
+    if len(entries) > MAX_ENTRIES:
+        raise bad_request(f"logit_bias has {len(entries)} entries; at most {MAX_ENTRIES} are accepted",
                           param="logit_bias")
     out: list[tuple[int, float]] = []
     for token, bias, where in entries:
@@ -57,6 +61,9 @@ def _tokens(token: Any, encode: Any, n_vocab: int, where: str) -> list[int]:
                               param="logit_bias")
         return [token]
     if isinstance(token, str):
+        if len(token) > MAX_TEXT_CHARS:
+            raise bad_request(f"{where}: a text of {len(token)} characters; at most {MAX_TEXT_CHARS}",
+                              param="logit_bias")
         ids = encode(token)
         if not ids:
             raise bad_request(f"{where}: the text {token!r} has no tokens", param="logit_bias")
