@@ -78,27 +78,38 @@ def test_unknown_function_and_required_header(tok):
     assert c.mask() is not None
 
 
+def sample_random(tok: Tokenizer, c: LazyToolCalls, seed: int, steps: int,
+                  push: list[int] = ()) -> tuple[list[int], int]:
+    """Greedy over random logits through the sampler and c, `push` ids favoured, until <|call|>
+    (after 24 steps ending is favoured: random digits could go on forever): (tokens, last)."""
+    import torch
+
+    call = tok.token_id("<|call|>")
+    sampler, gen = Sampler(SamplingParams(temperature=0.0)), torch.Generator().manual_seed(seed)
+    out: list[int] = []
+    t = -1
+    for step in range(steps):
+        logits = torch.randn(tok.vocab_size, generator=gen)
+        logits[list(push)] += 50.0
+        if step >= 24:
+            logits[[call, *tok.encode("}", allow_special=True)]] += 100.0
+        t = sampler.sample(logits, c)
+        c.advance(t)
+        if t == call:
+            break
+        out.append(t)
+    return out, t
+
+
 def test_greedy_sampling_inside_a_call_yields_valid_arguments(tok):
     """Random logits through the sampler: whatever the model prefers, the call's text parses and
     fits the schema, and it ends with <|call|>."""
-    import torch
-
     enc = lambda text: tok.encode(text, allow_special=True)  # noqa: E731
     call = tok.token_id("<|call|>")
     for seed in range(5):
         c = LazyToolCalls(specs(tok), token_table(tok), tok.token_bytes)
         feed(c, enc("<|channel|>commentary to=functions.lookup json<|message|>"), constrained=False)
-        sampler, gen = Sampler(SamplingParams(temperature=0.0)), torch.Generator().manual_seed(seed)
-        out: list[int] = []
-        for step in range(96):
-            logits = torch.randn(tok.vocab_size, generator=gen)
-            if step >= 24:  # then prefer ending: random digits could go on forever
-                logits[[call, *enc("}")]] += 100.0
-            t = sampler.sample(logits, c)
-            c.advance(t)
-            if t == call:
-                break
-            out.append(t)
+        out, t = sample_random(tok, c, seed, 96)
         assert t == call and c.mask() is None, tok.decode(out)
         args = json.loads(tok.decode(out))
         assert set(args) == {"n"} and isinstance(args["n"], int), args
@@ -140,24 +151,11 @@ def test_required_call_names_a_declared_function(tok, after):
 def test_required_call_sampled_against_a_wrong_name(tok):
     """Random logits that push hard for an undeclared name: what gets written still calls a declared
     function with schema-valid arguments."""
-    import torch
-
     enc = lambda text: tok.encode(text, allow_special=True)  # noqa: E731
     call, names = tok.token_id("<|call|>"), ["lookup", "find-verse"]
     for seed in range(5):
         c = LazyToolCalls(specs(tok, REQUIRED, names), token_table(tok), tok.token_bytes)
-        sampler, gen = Sampler(SamplingParams(temperature=0.0)), torch.Generator().manual_seed(seed)
-        out: list[int] = []
-        for step in range(128):
-            logits = torch.randn(tok.vocab_size, generator=gen)
-            logits[enc(".other_tool")] += 50.0
-            if step >= 24:
-                logits[[call, *enc("}")]] += 100.0
-            t = sampler.sample(logits, c)
-            c.advance(t)
-            if t == call:
-                break
-            out.append(t)
+        out, t = sample_random(tok, c, seed, 128, push=enc(".other_tool"))
         text = REQUIRED.decode() + tok.decode(out)
         assert t == call, text
         header, args = text.split("<|message|>")
