@@ -39,8 +39,9 @@ class Result:
     error: str = ""
 
 
-def stream_one(url: str, key: str | None, prompt: str, max_tokens: int, timeout_s: float) -> Result:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+def stream_one(url: str, key: str | None, prompt: str, max_tokens: int, timeout_s: float,
+               temperature: float = 0.0) -> Result:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": temperature,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     headers = {"Content-Type": "application/json"}
     if key:
@@ -68,11 +69,11 @@ def stream_one(url: str, key: str | None, prompt: str, max_tokens: int, timeout_
 
 
 def run_level(url: str, key: str | None, streams: int, n_requests: int, max_tokens: int,
-              timeout_s: float) -> tuple[float, list[Result]]:
+              timeout_s: float, temperature: float = 0.0) -> tuple[float, list[Result]]:
     prompts = [f"Request {i}: write a short story about the number {i}." for i in range(n_requests)]
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(streams) as pool:
-        results = list(pool.map(lambda p: stream_one(url, key, p, max_tokens, timeout_s), prompts))
+        results = list(pool.map(lambda p: stream_one(url, key, p, max_tokens, timeout_s, temperature), prompts))
     return time.perf_counter() - t0, results
 
 
@@ -132,6 +133,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per level; the median throughput is shown")
     ap.add_argument("-t", "--threads", type=int, default=None, help="server threads (started server only)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy streams (the default); e.g. 0.8 to include the sampler's cost")
     record.add_json_arg(ap)
     args = ap.parse_args()
     levels = [int(x) for x in args.streams.split(",") if x.strip()]
@@ -139,7 +142,8 @@ def main() -> int:
     rec = record.new("serve_load", {"model": os.path.basename(args.model) if args.model else "synthetic tiny",
                                     "url": "given" if args.url else "started here", "streams": levels,
                                     "requests": args.requests, "max_tokens": args.max_tokens,
-                                    "repeats": args.repeats, "threads": args.threads})
+                                    "repeats": args.repeats, "threads": args.threads,
+                                    "temperature": args.temperature})
     proc = None
     url = args.url
     if url is None:
@@ -150,7 +154,7 @@ def main() -> int:
               f"median of {args.repeats} runs")
         print(f"{'streams':>7} {'tok/s':>8} {'p50 lat s':>10} {'p99 lat s':>10} {'p50 ttft s':>11} {'errors':>6}")
         for n in levels:
-            runs = [run_level(url, args.api_key, n, args.requests, args.max_tokens, args.timeout)
+            runs = [run_level(url, args.api_key, n, args.requests, args.max_tokens, args.timeout, args.temperature)
                     for _ in range(args.repeats)]
             tps = [sum(r.tokens for r in res if r.ok) / wall for wall, res in runs]
             lat = [r.latency_s for _, res in runs for r in res if r.ok]
