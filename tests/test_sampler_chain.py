@@ -283,3 +283,17 @@ def test_top_p_on_a_big_vocabulary_matches_a_full_sort(p):
     order = torch.argsort(probs, descending=True)
     n = int(torch.nonzero(torch.cumsum(probs[order], 0) >= p)[0]) + 1
     assert set(torch.nonzero(torch.isfinite(s.filtered_logits(x))).flatten().tolist()) == set(order[:n].tolist())
+
+
+@pytest.mark.parametrize("n", [7, 5000, 50_000, 201_088])
+def test_the_draw_follows_the_probabilities_and_never_picks_an_empty_token(n):
+    from hybridmoe.engine.samplers import pick
+
+    g = torch.Generator().manual_seed(n)
+    hot = torch.randperm(n, generator=g)[:4]
+    q = torch.zeros(n)
+    q[hot] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    counts = Counter(pick(q, g) for _ in range(8000))
+    assert set(counts) <= set(hot.tolist())
+    for i, want in zip(hot.tolist(), (0.1, 0.2, 0.3, 0.4)):
+        assert abs(counts[i] / 8000 - want) < 0.025, (i, counts[i])  # > 5 standard deviations

@@ -173,8 +173,35 @@ def draw(c: Candidates, generator: torch.Generator) -> int:
     return int(c.ids[pick(c.probs(), generator)])
 
 
+_PICK_BLOCK = 1024
+
+
 def pick(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """An index drawn with these probabilities (zero ones never)."""
+    """An index drawn with these probabilities (zero ones never). A big set goes in two levels,
+    a block of 1024 by the blocks' sums, then an index in it: a float64 cumulative sum over 200k
+    costs 1.2 ms, the two levels ~0.2."""
+    n = probs.numel()
+    u = float(torch.rand(1, generator=generator, dtype=torch.float64))
+    if n <= 8 * _PICK_BLOCK:
+        return _inverse_cdf(probs, u)
+    pad = (-n) % _PICK_BLOCK
+    blocks = torch.nn.functional.pad(probs, (0, pad)).view(-1, _PICK_BLOCK)
+    sums = blocks.sum(dim=1, dtype=torch.float64)
+    cum = torch.cumsum(sums, dim=0)
+    target = u * float(cum[-1])
+    b = min(int(torch.searchsorted(cum, torch.tensor([target], dtype=torch.float64), right=True)), len(sums) - 1)
+    while b > 0 and float(sums[b]) == 0.0:  # a rounding edge landed on an empty block: the last one with mass
+        b -= 1
+    below = float(cum[b - 1]) if b else 0.0
+    inside = min(max((target - below) / float(sums[b]), 0.0), 1.0 - 1e-12)
+    return b * _PICK_BLOCK + _inverse_cdf(blocks[b], inside)
+
+
+def _inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The index where the cumulative sum passes u of the total (u in [0, 1))."""
     cum = torch.cumsum(probs, dim=0, dtype=torch.float64)
-    u = torch.rand(1, generator=generator, dtype=torch.float64) * cum[-1]
-    return min(int(torch.searchsorted(cum, u, right=True)), probs.numel() - 1)
+    at = torch.searchsorted(cum, torch.tensor([u * float(cum[-1])], dtype=torch.float64), right=True)
+    i = min(int(at), probs.numel() - 1)
+    while float(probs[i]) == 0.0 and i > 0:  # never an index without mass
+        i -= 1
+    return i
