@@ -97,7 +97,7 @@ def test_a_bias_that_bans_everything_allowed_is_an_error():
             return allowed
 
     s = Sampler(SamplingParams(temperature=0, logit_bias=((2, -math.inf), (5, -math.inf))))
-    with pytest.raises(ValueError, match="logit_bias bans every token"):
+    with pytest.raises(ValueError, match="no token can come next"):
         s.sample(x, Only())
     s = Sampler(SamplingParams(temperature=0, logit_bias=((2, -math.inf),)))
     assert s.sample(x, Only()) == 5
@@ -297,3 +297,47 @@ def test_the_draw_follows_the_probabilities_and_never_picks_an_empty_token(n):
     assert set(counts) <= set(hot.tolist())
     for i, want in zip(hot.tolist(), (0.1, 0.2, 0.3, 0.4)):
         assert abs(counts[i] / 8000 - want) < 0.025, (i, counts[i])  # > 5 standard deviations
+
+
+def test_any_accepted_settings_sample_a_possible_token():
+    """Random settings (edges included: zero, negative, tiny temperatures, huge min_keep, any
+    order) on random logits: validate() refuses them, or every draw is a token the model allows."""
+    from hybridmoe.settings.sampling import SAMPLER_NAMES
+
+    rng = random.Random(5)
+    drawn = 0
+    for it in range(600):
+        def r(a: float, b: float) -> float:
+            return rng.choice([a, b, rng.uniform(a, b), 0.0, 1.0, -1.0])
+
+        chain = dict(repeat_penalty=rng.choice([1.0, 0.5, 2.0, 1e-6, 100.0]),
+                     repeat_last_n=rng.choice([-1, 0, 1, 64]),
+                     presence_penalty=r(-5, 5), frequency_penalty=r(-5, 5), dry_multiplier=r(0, 5), dry_base=r(0.5, 3),
+                     dry_allowed_length=rng.choice([0, 1, 2, 10]), dry_penalty_last_n=rng.choice([-1, 0, 5]),
+                     top_n_sigma=r(-1, 5), typical_p=r(0, 1.2), xtc_probability=r(0, 1), xtc_threshold=r(0, 1),
+                     min_keep=rng.choice([0, 1, 5, 100000]), dynatemp_range=abs(r(0, 3)), dynatemp_exponent=r(-3, 3),
+                     mirostat=rng.choice([0, 0, 1, 2]), mirostat_tau=r(0, 10), mirostat_eta=r(0, 1))
+        names = sorted(SAMPLER_NAMES)
+        order = tuple(rng.sample(names, rng.randrange(len(names)))) if rng.random() < 0.3 else None
+        p = SamplingParams(temperature=rng.choice([0.0, 0.5, 1.0, 5.0, 1e-6, 1e-30]), top_k=rng.choice([0, 1, 40]),
+                           top_p=rng.choice([1.0, 0.5, 1e-6]), min_p=rng.choice([0.0, 0.5, 1.0]), seed=it,
+                           samplers=order, chain=SamplerSettings(**chain))
+        try:
+            p.validate()
+        except ValueError:
+            continue
+        n = rng.choice([2, 50, 3000])
+        x = torch.randn(n) * rng.choice([0.01, 1, 100, 1e30])
+        if rng.random() < 0.2:
+            x[rng.randrange(n)] = float("-inf")
+        if rng.random() < 0.1:
+            x[:] = 0
+        s = Sampler(p, history=[rng.randrange(n) for _ in range(rng.randrange(30))],
+                    breakers={0: [()]} if rng.random() < .5 else {})
+        for _ in range(3):
+            t = s.sample(x)
+            assert 0 <= t < n and float(x[t]) > float("-inf"), (t, chain, order)
+            s.accept(t)
+            s.post_logprobs(t, 3)
+            drawn += 1
+    assert drawn > 500

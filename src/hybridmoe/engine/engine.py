@@ -379,7 +379,7 @@ class Engine:
     def _on_logits(self, seq: Sequence, row: Any) -> None:
         try:
             token, lp = self.runner.sample(seq, row)
-        except ValueError as e:  # a constraint with nothing left to allow: this request only
+        except Exception as e:  # a constraint with nothing left to allow, odd settings: this request only
             log.exception("sampling failed for request %s", seq.request.request_id)
             self._finish(seq, "error", error=f"sampling: {e}")
             return

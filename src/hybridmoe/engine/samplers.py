@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -158,11 +159,13 @@ def temperature(c: Candidates, temp: float, dyn_range: float = 0.0, exponent: fl
         lo, hi = max(0.0, temp - dyn_range), temp + dyn_range
         probs = c.probs()
         entropy = float(-(probs * torch.nan_to_num(torch.log(probs), neginf=0.0)).sum())
-        temp = lo + (hi - lo) * (entropy / math.log(len(c))) ** exponent
-    if temp <= 0.0:
+        with np.errstate(all="ignore"):  # 0 ** -1 is inf here, as in C (Python would raise)
+            temp = float(lo + (hi - lo) * np.float64(entropy / math.log(len(c))) ** exponent)
+    scaled = c.logits / temp if temp > 0.0 else None
+    if scaled is None or not bool(torch.isfinite(scaled).all()):  # <= 0, or so small it overflows: the top only
         c.keep(torch.arange(len(c)) == int(torch.argmax(c.logits)))
     else:
-        c.logits = c.logits / temp
+        c.logits = scaled
 
 
 def draw(c: Candidates, generator: torch.Generator) -> int:

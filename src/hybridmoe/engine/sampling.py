@@ -173,7 +173,7 @@ class Sampler:
         p, c = self.params, self.params.chain
         cands = steps.Candidates.of(self._biased(logits))
         if not len(cands):
-            raise ValueError("logit_bias bans every token that may come next")
+            raise ValueError("no token can come next: the logit bias (or the model) leaves every one at -inf")
         if c.mirostat:
             steps.temperature(cands, p.temperature)
             return cands
@@ -196,6 +196,8 @@ class Sampler:
                 steps.xtc(cands, c.xtc_probability, c.xtc_threshold, c.min_keep, self.generator)
             elif name == "temperature":
                 steps.temperature(cands, p.temperature, c.dynatemp_range, c.dynatemp_exponent)
+        if not len(cands):  # settings that leave nothing (e.g. overflowing logits): this request fails alone
+            raise ValueError("the sampler settings leave no token to draw from")
         return cands
 
     def _apply_dry(self, cands: steps.Candidates) -> None:
@@ -221,7 +223,7 @@ class Sampler:
         if greedy and self._greedy_plain:
             x = self._biased(logits)
             if self._bias is not None and bool(torch.isneginf(x).all()):
-                raise ValueError("logit_bias bans every token that may come next")
+                raise ValueError("no token can come next: the logit bias (or the model) leaves every one at -inf")
             top = int(torch.argmax(x))
             self._last = steps.Candidates(torch.tensor([top]), torch.zeros(1))  # the chain keeps the top only
             return top
