@@ -178,3 +178,29 @@ def test_generate_and_engine_share_one_stop_rule(llm, engine):
         assert res.finish_reason == events[-1].finish_reason, stops
         if stops and stops[-1] == cut and cut.strip():
             assert res.finish_reason == "stop" and cut not in res.text
+
+
+def test_id_slot_waits_for_its_slot_and_does_not_hold_up_others(llm, engine):
+    """llama-server's id_slot: a request for a busy slot waits for that slot (and runs there), while
+    a request behind it that takes any slot goes ahead."""
+    import time
+
+    p = prompts(llm, 3)
+    done: dict[str, float] = {}
+
+    def run(name: str, req: GenerationRequest) -> None:
+        list(engine.submit(req))
+        done[name] = time.perf_counter()
+
+    a = GenerationRequest(p[0], greedy(150, ignore_eos=True), id_slot=1)
+    b = GenerationRequest(p[1], greedy(3, ignore_eos=True), id_slot=1)
+    c = GenerationRequest(p[2], greedy(3, ignore_eos=True))
+    threads = [threading.Thread(target=run, args=args) for args in (("a", a), ("b", b), ("c", c))]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)  # submitted in this order
+    for t in threads:
+        t.join(60)
+    assert done["c"] < done["a"] < done["b"], done
+    with pytest.raises(ValueError, match="id_slot"):
+        engine.submit(GenerationRequest(p[0], greedy(2), id_slot=3))

@@ -543,3 +543,11 @@ def test_flags_set_the_sampling_defaults(flagged):
     assert out["generation_settings"]["logit_bias"] == [{"bias": 1000.0, "token": 77}]
     status, out = flagged.request("POST", "/completion", {**body, "logit_bias": []})
     assert status == 200 and 77 not in out["tokens"] and out["generation_settings"]["logit_bias"] == [], out
+
+
+def test_id_slot_picks_the_slot(server):
+    for slot in (2, 0, 3):
+        status, out = server.request("POST", "/completion", {"prompt": "Hello", "n_predict": 2, "id_slot": slot})
+        assert status == 200 and out["id_slot"] == slot, out
+    status, out = server.request("POST", "/completion", {"prompt": "Hello", "n_predict": 2, "id_slot": 4})
+    assert status == 400 and out["error"]["param"] == "id_slot", out

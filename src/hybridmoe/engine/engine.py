@@ -55,6 +55,7 @@ class RequestHandle:
         self._q: queue.Queue[EngineEvent] = queue.Queue()
         self.cancelled = threading.Event()
         self.finished = False
+        self.slot_id = -1  # the slot it was placed in (set at admission; stays after the end)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -153,6 +154,8 @@ class Engine:
             raise ValueError(
                 f"the prompt has {n} tokens; the context of a slot is {self.ctx_size_per_slot} tokens"
             )
+        if not -1 <= request.id_slot < self.n_parallel:
+            raise ValueError(f"id_slot must be -1 (any) or a slot id 0..{self.n_parallel - 1}, got {request.id_slot}")
         handle = RequestHandle(request, loop)
         with self._cv:
             if self._closing:
@@ -324,6 +327,7 @@ class Engine:
             if seq.sink.cancelled.is_set():
                 self._finish(seq, "cancelled")
         for adm in self.scheduler.admit():
+            adm.seq.sink.slot_id = adm.slot.id
             self._admit(adm)
         try:
             self._forward()

@@ -26,6 +26,7 @@ class GenerationRequest:
     cache_prompt: bool = True  # reuse cached KV of a matching prefix (llama-server's cache_prompt)
     dry_breakers: Breakers | None = None  # DRY's breakers as tokens, found off the engine thread (engine.dry)
     post_sampling_probs: bool = False  # logprobs from the sampler chain's final distribution, not the model's
+    id_slot: int = -1  # llama-server's id_slot: run in this slot (waiting for it); -1: any
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 

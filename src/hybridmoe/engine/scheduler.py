@@ -182,18 +182,26 @@ class Scheduler:
         return [s.seq for s in self.slots if s.seq is not None]
 
     def admit(self) -> list[Admission]:
-        """Place waiting sequences on free slots, choosing the most reuse (FIFO order)."""
+        """Place waiting sequences on free slots, choosing the most reuse (FIFO order). One that
+        asks for a slot (llama-server's id_slot) waits for that slot; the ones behind it go on."""
         out: list[Admission] = []
-        while self.waiting and self.free_slots():
+        still: collections.deque[Sequence] = collections.deque()
+        while self.waiting:
             seq = self.waiting.popleft()
+            wanted = seq.request.id_slot
+            if not self.free_slots() or (wanted >= 0 and self.slots[wanted].seq is not None):
+                still.append(seq)
+                continue
             adm = self._place(seq)
             adm.slot.seq = seq
             seq.slot_id = adm.slot.id
             out.append(adm)
+        self.waiting = still
         return out
 
     def _place(self, seq: Sequence) -> Admission:
-        free = self.free_slots()
+        wanted = seq.request.id_slot
+        free = [self.slots[wanted]] if wanted >= 0 else self.free_slots()
         prompt = seq.prompt
         if not seq.request.cache_prompt:
             slot = min(free, key=lambda s: (len(s.tokens) > 0, s.last_used))

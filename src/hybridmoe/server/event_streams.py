@@ -84,12 +84,6 @@ async def merged_events(handles: Sequence[RequestHandle], engine: Any = None,
             h.cancel()  # no-op for finished requests; frees the slots of a client that went away
 
 
-def slot_id(engine: Any, request_id: str) -> int:
-    """The slot serving a request while it runs (-1 when it is not placed or has finished)."""
-    s = _slot_of(engine, request_id)
-    return int(s["id"]) if s is not None else -1
-
-
 def _cached(engine: Any, h: RequestHandle) -> int:
     s = _slot_of(engine, h.request.request_id) if engine is not None else None
     return int(s.get("n_prompt_cached", 0)) if s is not None else 0

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from pydantic import Field, field_validator, model_validator
 
 from hybridmoe.engine.engine import RequestHandle
-from hybridmoe.server.event_streams import Progress, merged_events, slot_id
+from hybridmoe.server.event_streams import Progress, merged_events
 from hybridmoe.server.native_result import Collected, native_final, probs_json
 from hybridmoe.server.protocol import NO_LIMIT, APIError, ChatCompletionRequest, SamplingFields, bad_request
 
@@ -138,12 +138,9 @@ class NativeCompletions:
     async def _full(self, handles: list[RequestHandle], req: NativeCompletionRequest,
                     request: Request) -> list[dict[str, Any]]:
         collected = [Collected() for _ in handles]
-        slots = [-1] * len(handles)
         watch = asyncio.create_task(_cancel_on_disconnect(handles, request))
         try:
             async for i, ev in merged_events(handles):
-                if slots[i] < 0 and ev.finish_reason is None:
-                    slots[i] = slot_id(self.s.engine, handles[i].request.request_id)
                 collected[i].push(ev)
                 if ev.finish_reason is not None:
                     self.s._finished(ev)
@@ -156,12 +153,11 @@ class NativeCompletions:
                 raise failure
             if c.last is None or c.last.finish_reason == "cancelled":
                 raise APIError(500, "generation was cancelled", type="server_error")
-            out.append(self._final(h, c, i, req, stream=False, id_slot=slots[i]))
+            out.append(self._final(h, c, i, req, stream=False, id_slot=h.slot_id))
         return out
 
     async def _stream(self, handles: list[RequestHandle], req: NativeCompletionRequest) -> AsyncIterator[str]:
         collected = [Collected() for _ in handles]
-        slots = [-1] * len(handles)
         tk = self.s.tokenizer
         async for i, ev in merged_events(handles, self.s.engine, req.return_progress):
             if isinstance(ev, Progress):
@@ -170,8 +166,6 @@ class NativeCompletions:
                 continue
             c = collected[i]
             c.push(ev)
-            if slots[i] < 0 and ev.finish_reason is None:
-                slots[i] = slot_id(self.s.engine, handles[i].request.request_id)
             token = ev.token_id if ev.token_id is not None else ev.stop_token_id  # the end token: its own chunk
             if token is not None or ev.text:
                 chunk: dict[str, Any] = {
@@ -188,7 +182,7 @@ class NativeCompletions:
             if (failure := self.s._failure(ev)) is not None:
                 yield _sse(failure.body())
             elif ev.finish_reason != "cancelled":
-                yield _sse(self._final(handles[i], c, i, req, stream=True, id_slot=slots[i]))
+                yield _sse(self._final(handles[i], c, i, req, stream=True, id_slot=handles[i].slot_id))
 
 
 def pick_fields(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:

@@ -165,6 +165,7 @@ class SamplingFields(Lenient):
     logit_bias: Any = None  # checked by server/logit_bias.py, whose errors name the entry
     # llama-server: report probabilities after the sampler chain (what the draw saw), not the model's
     post_sampling_probs: bool = False
+    id_slot: int = -1  # llama-server: run in this slot, waiting for it if busy (-1: the best free one)
     # Constrained output (one at most; see server/constraint_fields.py): llama-server's GBNF
     # `grammar` and `json_schema` fields, OpenAI's response_format.
     grammar: str | None = None

@@ -328,6 +328,9 @@ class Serving:
                 constraint: ConstraintSpec | None = None, tool_calls: ToolCallSpecs | None = None,
                 dry: Breakers | None = None) -> RequestHandle:
         n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
+        if not -1 <= req.id_slot < self.engine.n_parallel:
+            raise bad_request(f"id_slot must be -1 (any) or a slot id 0..{self.engine.n_parallel - 1}, "
+                              f"got {req.id_slot}", param="id_slot")
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
         if n >= ctx:
@@ -342,6 +345,7 @@ class Serving:
             cache_prompt=req.cache_prompt,
             dry_breakers=dry,
             post_sampling_probs=req.post_sampling_probs,
+            id_slot=req.id_slot,
         )
         try:
             return self.inflight.add(self.engine.submit(gen, loop=asyncio.get_running_loop()))
