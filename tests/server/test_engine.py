@@ -204,3 +204,16 @@ def test_id_slot_waits_for_its_slot_and_does_not_hold_up_others(llm, engine):
     assert done["c"] < done["a"] < done["b"], done
     with pytest.raises(ValueError, match="id_slot"):
         engine.submit(GenerationRequest(p[0], greedy(2), id_slot=3))
+
+
+def test_t_max_predict_ms_ends_a_reply_past_a_newline(llm, engine):
+    """llama-server's t_max_predict_ms: once the reply has a newline and has run that long since
+    its first token, it ends ("length")."""
+    (nl,) = llm.tokenize("\n")
+    p = prompts(llm, 1)[0]
+    newline = ((nl, 1000.0),)  # every token a newline
+    timed = list(engine.submit(GenerationRequest(p, greedy(200, ignore_eos=True, logit_bias=newline),
+                                                 t_max_predict_ms=1)))
+    assert timed[-1].finish_reason == "length" and timed[-1].usage.completion_tokens < 200
+    free = list(engine.submit(GenerationRequest(p, greedy(200, ignore_eos=True, logit_bias=newline))))
+    assert free[-1].usage.completion_tokens == 200

@@ -82,13 +82,17 @@ class OutputProcessor:
         if token in seq.stop_ids:
             self._emit(seq, token, lp, final=True)
             return "stop"
-        seq.held += seq.decoder.push(token)
+        piece = seq.decoder.push(token)
+        seq.held += piece
+        seq.saw_newline = seq.saw_newline or "\n" in piece
         hit = find_stop(seq.held, req.stop)
         if hit is not None:
             seq.held = seq.held[:hit]
             self._emit(seq, token, lp, final=True)
             return "stop"
-        if seq.n_generated >= req.params.max_tokens or not room_left:
+        out_of_time = (req.t_max_predict_ms > 0 and seq.saw_newline
+                       and (time.perf_counter() - seq.t_first) * 1e3 > req.t_max_predict_ms)
+        if seq.n_generated >= req.params.max_tokens or not room_left or out_of_time:
             seq.held += seq.decoder.flush()
             self._emit(seq, token, lp, final=True)
             return "length"

@@ -27,6 +27,7 @@ class GenerationRequest:
     dry_breakers: Breakers | None = None  # DRY's breakers as tokens, found off the engine thread (engine.dry)
     post_sampling_probs: bool = False  # logprobs from the sampler chain's final distribution, not the model's
     id_slot: int = -1  # llama-server's id_slot: run in this slot (waiting for it); -1: any
+    t_max_predict_ms: int = 0  # llama-server's: end the reply once this long after its first token, past a newline
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -85,6 +86,7 @@ class Sequence:
         self.held = ""  # decoded text not yet emitted (stop-string hold-back)
         self.t_start = time.perf_counter()
         self.t_first: float | None = None
+        self.saw_newline = False  # the reply has written a newline (t_max_predict_ms waits for one)
 
     @property
     def prompt(self) -> list[int]:

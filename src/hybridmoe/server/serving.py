@@ -346,6 +346,7 @@ class Serving:
             dry_breakers=dry,
             post_sampling_probs=req.post_sampling_probs,
             id_slot=req.id_slot,
+            t_max_predict_ms=req.t_max_predict_ms,
         )
         try:
             return self.inflight.add(self.engine.submit(gen, loop=asyncio.get_running_loop()))
