@@ -428,7 +428,8 @@ def test_slots_fail_on_no_slot_when_all_busy(served_model, tmp_path_factory):
     try:
         assert srv.request("GET", "/slots?fail_on_no_slot=1")[0] == 200
         with cf.ThreadPoolExecutor(1) as pool:
-            busy = pool.submit(srv.request, "POST", "/completion", {"prompt": "x", "n_predict": 400, **GREEDY})
+            busy = pool.submit(srv.request, "POST", "/completion", {"prompt": "x", "n_predict": 400, **GREEDY,
+                                                                    "repeat_penalty": 1.1})
             deadline = time.monotonic() + 30
             status = 200
             while status == 200 and time.monotonic() < deadline and not busy.done():
@@ -440,6 +441,7 @@ def test_slots_fail_on_no_slot_when_all_busy(served_model, tmp_path_factory):
                 nxt = slot["next_token"][0]
                 assert nxt["has_next_token"] and nxt["n_remain"] + nxt["n_decoded"] == 400
                 assert slot["params"]["n_predict"] == 400 and slot["params"]["temperature"] == 0
+                assert slot["params"]["repeat_penalty"] == 1.1 and slot["params"]["samplers"][0] == "penalties"
                 assert slot["n_prompt_tokens"] >= 1 and slot["speculative"] is False
             assert busy.result(timeout=120)[0] == 200
             _, (idle,) = srv.request("GET", "/slots")

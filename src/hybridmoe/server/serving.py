@@ -51,7 +51,7 @@ from hybridmoe.server.protocol import (
     bad_request,
 )
 from hybridmoe.server.shutdown import InFlight
-from hybridmoe.settings import SamplerSettings, SamplingDefaults, parse_samplers  # server-wide (`--temp`, ...)
+from hybridmoe.settings import SAMPLER_ORDER, SamplerSettings, SamplingDefaults, parse_samplers  # server-wide
 from hybridmoe.tokenizer.tokenizer import TokenLimitExceeded
 
 
@@ -698,7 +698,10 @@ class Serving:
             if sp is not None:
                 params.update(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
                               seed=4294967295 if sp.seed is None or sp.seed < 0 else sp.seed,
-                              n_predict=n_max, max_tokens=n_max, ignore_eos=sp.ignore_eos)
+                              n_predict=n_max, max_tokens=n_max, ignore_eos=sp.ignore_eos,
+                              samplers=list(sp.samplers or SAMPLER_ORDER),
+                              **{k: list(v) if isinstance(v, tuple) else v
+                                 for k, v in dataclasses.asdict(sp.chain).items()})
             n_prompt = s["n_prompt_tokens"]
             out.append({
                 **s, "speculative": False, "params": params,
