@@ -553,3 +553,14 @@ def test_id_slot_picks_the_slot(server):
         assert status == 200 and out["id_slot"] == slot, out
     status, out = server.request("POST", "/completion", {"prompt": "Hello", "n_predict": 2, "id_slot": 4})
     assert status == 400 and out["error"]["param"] == "id_slot", out
+
+
+def test_timings_per_token_in_streams(server):
+    body = {"prompt": [10, 11, 12], "n_predict": 4, "stream": True, "timings_per_token": True, **GREEDY}
+    chunks = [c for c in sse(server, "/completion", body) if not c.get("stop")]
+    assert [c["timings"]["predicted_n"] for c in chunks] == [1, 2, 3, 4], chunks
+    assert all("timings" not in c for c in sse(server, "/completion", {**body, "timings_per_token": False})[:-1])
+    chat = {"messages": MSGS, "max_tokens": 4, "stream": True, "timings_per_token": True, **GREEDY}
+    deltas = [c for c in sse(server, "/v1/chat/completions", chat)[1:]  # after the role chunk, sent first
+              if c != "[DONE]" and c["choices"] and c["choices"][0]["finish_reason"] is None]
+    assert deltas and all(c["timings"]["predicted_n"] >= 1 for c in deltas), deltas

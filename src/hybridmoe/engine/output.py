@@ -104,7 +104,8 @@ class OutputProcessor:
         text, seq.held = seq.held[:n], seq.held[n:]
         is_stop_token = token in seq.stop_ids
         if text or not is_stop_token:
-            seq.sink.push(EngineEvent(token_id=None if is_stop_token else token, text=text, logprob=lp))
+            live = timings(seq) if seq.request.timings_per_token else None  # llama-server's timings_per_token
+            seq.sink.push(EngineEvent(token_id=None if is_stop_token else token, text=text, logprob=lp, timings=live))
 
     def finish(self, seq: Sequence, reason: str, stop_token_id: int | None = None, error: str | None = None) -> None:
         usage = Usage(len(seq.prompt), seq.n_generated, seq.n_cached)

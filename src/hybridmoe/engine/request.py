@@ -28,6 +28,7 @@ class GenerationRequest:
     post_sampling_probs: bool = False  # logprobs from the sampler chain's final distribution, not the model's
     id_slot: int = -1  # llama-server's id_slot: run in this slot (waiting for it); -1: any
     t_max_predict_ms: int = 0  # llama-server's: end the reply once this long after its first token, past a newline
+    timings_per_token: bool = False  # llama-server's: every token event carries the timings so far
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 

@@ -20,7 +20,7 @@ from pydantic import Field, field_validator, model_validator
 
 from hybridmoe.engine.engine import RequestHandle
 from hybridmoe.server.event_streams import Progress, merged_events
-from hybridmoe.server.native_result import Collected, native_final, probs_json
+from hybridmoe.server.native_result import Collected, llama_timings, native_final, probs_json
 from hybridmoe.server.protocol import NO_LIMIT, APIError, ChatCompletionRequest, SamplingFields, bad_request
 
 PromptPart = int | str
@@ -175,6 +175,8 @@ class NativeCompletions:
                 if ev.logprob is not None and req.probs():
                     chunk["completion_probabilities"] = probs_json([ev.logprob], tk.token_bytes,
                                                                    req.post_sampling_probs)
+                if ev.timings and ev.finish_reason is None:  # timings_per_token
+                    chunk["timings"] = llama_timings(ev.timings)
                 yield _sse(chunk)
             if ev.finish_reason is None:
                 continue

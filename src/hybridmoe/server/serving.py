@@ -347,6 +347,7 @@ class Serving:
             post_sampling_probs=req.post_sampling_probs,
             id_slot=req.id_slot,
             t_max_predict_ms=req.t_max_predict_ms,
+            timings_per_token=req.timings_per_token,
         )
         try:
             return self.inflight.add(self.engine.submit(gen, loop=asyncio.get_running_loop()))
@@ -499,8 +500,10 @@ class Serving:
             collected[i].push(ev)
             lp = {"content": [self._logprob_entry(ev.logprob)]} if ev.logprob is not None else None
             deltas = view.push(ev)
+            per_token = ev.timings and handles[i].request.timings_per_token
+            live = {"timings": llama_timings(ev.timings)} if per_token else {}
             for j, d in enumerate(deltas):
-                yield _sse(chunk(i, d, logprobs=lp if j == 0 else None))
+                yield _sse({**chunk(i, d, logprobs=lp if j == 0 else None), **live})
             if lp is not None and not deltas:
                 yield _sse(chunk(i, {}, logprobs=lp))
             if ev.finish_reason is None:
@@ -606,7 +609,7 @@ class Serving:
             lp = self._legacy_logprobs([ev.logprob]) if ev.logprob is not None else None
             if ev.text or lp or ev.finish_reason:
                 c = chunk(i, ev.text, lp, ev.finish_reason)
-                if ev.finish_reason and not include_usage:
+                if ev.timings and (ev.finish_reason is None or not include_usage):  # per token on request
                     c["timings"] = llama_timings(ev.timings)
                 yield _sse(c)
             if ev.finish_reason:
