@@ -348,6 +348,7 @@ def test_flags_seed_alias_tags_n_predict_verbose(flagged):
     m = models["data"][0]
     assert m["id"] == "tiny-a" and m["aliases"] == ["tiny-a", "tiny-b"] and m["tags"] == ["small", "test"]
     assert m["meta"]["n_ctx"] == props["default_generation_settings"]["n_ctx"] and m["meta"]["n_vocab"] > 0
+    assert m["meta"]["vocab_type"] == 2 and m["meta"]["ftype"] == "MXFP4 MoE"  # gpt2 BPE; general.file_type 38
     assert m["architecture"] == {"input_modalities": ["text"], "output_modalities": ["text"]}
     assert [x["name"] for x in models["models"]] == ["tiny-a"]  # llama-server's Ollama-style list
     body = {"messages": MSGS, "temperature": 1.0, "ignore_eos": True}

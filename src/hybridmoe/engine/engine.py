@@ -401,8 +401,16 @@ class Engine:
         self.output.finish(seq, reason, stop_token_id, error)
 
 
+# llama.cpp's names for a file's tokenizer model and general.file_type (llama.h), as /v1/models shows them
+_VOCAB_TYPES = {"no_vocab": 0, "llama": 1, "gpt2": 2, "bert": 3, "t5": 4, "rwkv": 5, "plamo2": 6}
+_FTYPE_NAMES = {0: "all F32", 1: "F16", 7: "Q8_0", 32: "BF16", 38: "MXFP4 MoE"}
+
+
 def _model_info(llm: Any) -> ModelInfo:
     cfg, mf = llm.config, llm.file
     n_params = sum(math.prod(t.ne) for t in mf.tensors.values())
     size = sum(os.path.getsize(f.path) for f in mf.files)
-    return ModelInfo(str(llm.path), llm.chat_template, cfg.vocab_size, cfg.context_length, cfg.hidden, n_params, size)
+    meta = mf.metadata
+    return ModelInfo(str(llm.path), llm.chat_template, cfg.vocab_size, cfg.context_length, cfg.hidden, n_params, size,
+                     vocab_type=_VOCAB_TYPES.get(str(meta.get("tokenizer.ggml.model"))),
+                     ftype=_FTYPE_NAMES.get(meta.get("general.file_type")))

@@ -43,6 +43,8 @@ class ModelInfo:
     n_embd: int
     n_params: int
     size_bytes: int
+    vocab_type: int | None = None  # llama.cpp's number for tokenizer.ggml.model (gpt2 BPE: 2)
+    ftype: str | None = None  # llama.cpp's name for general.file_type ("MXFP4 MoE"), when known
 
 
 @dataclass

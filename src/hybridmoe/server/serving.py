@@ -656,6 +656,10 @@ class Serving:
         info = self.engine.model_info
         meta = {"n_vocab": info.vocab_size, "n_ctx": self.engine.ctx_size_per_slot, "n_ctx_train": info.n_ctx_train,
                 "n_embd": info.n_embd, "n_params": info.n_params, "size": info.size_bytes}
+        if info.vocab_type is not None:
+            meta = {"vocab_type": info.vocab_type, **meta}  # llama-server's key order
+        if info.ftype is not None:
+            meta["ftype"] = info.ftype
         text_only = {"input_modalities": ["text"], "output_modalities": ["text"]}
         ollama = {"name": self.model_id, "model": self.model_id, "modified_at": "", "size": "", "digest": "",
                   "type": "model", "description": "", "tags": list(self.config.tags), "capabilities": ["completion"],
