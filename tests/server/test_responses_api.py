@@ -91,6 +91,29 @@ def test_function_call_round_trip(client, scripted_server):
     assert r2.usage.input_tokens == chat_prompt_tokens(srv, chat, TOOLS)
 
 
+def test_stateless_round_trip_with_encrypted_content(client, scripted_server):
+    """store: false and include: ["reasoning.encrypted_content"] (Codex's way): the reasoning item
+    carries its text there, and an item given back with only that field (no content) restores the
+    same prompt as one given back whole."""
+    srv = scripted_server
+    scripted_server.script(TOOL_CALL, ANSWER, ANSWER)
+    r1 = client.responses.create(model="tiny-test", input=USER, tools=TOOLS, max_output_tokens=64, store=False,
+                                 include=["reasoning.encrypted_content"])
+    reasoning, call = r1.output
+    assert reasoning.encrypted_content and reasoning.content[0].text == "Need the weather."
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temp_c": 21}'}
+    whole = reasoning.model_dump(exclude_none=True)
+    bare = {k: v for k, v in whole.items() if k != "content"}
+    tokens = []
+    for item in (whole, bare):
+        r = client.responses.create(model="tiny-test", input=USER + [item, call.model_dump(exclude_none=True), result],
+                                    tools=TOOLS, max_output_tokens=64, store=False)
+        tokens.append(r.usage.input_tokens)
+    assert tokens[0] == tokens[1], tokens
+    plain = client.responses.create(model="tiny-test", input="Hi", max_output_tokens=8)
+    assert all(getattr(o, "encrypted_content", None) is None for o in plain.output)  # only when asked
+
+
 def test_previous_response_id_continues_a_stored_conversation(client, scripted_server):
     scripted_server.script(TOOL_CALL, ANSWER, ANSWER)
     r1 = client.responses.create(model="tiny-test", input=USER, tools=TOOLS, max_output_tokens=64)

@@ -12,6 +12,7 @@ dropped first; nothing survives a restart.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -81,14 +82,39 @@ class FunctionCallOutputItem(Lenient):
     output: str | list[dict[str, Any]]
 
 
+# `encrypted_content` of our reasoning items (include: ["reasoning.encrypted_content"], for clients
+# that keep no state, store: false): not encrypted, the reasoning text in base64 behind a tag, so
+# an item given back with only that field still restores the reasoning.
+_CARRIED = "hybridmoe-reasoning-v1:"
+
+
+def carry_reasoning(text: str) -> str:
+    return _CARRIED + base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def _carried_text(value: str | None) -> str | None:
+    """The text in one of our `encrypted_content` values; None for anything else (another server's)."""
+    if not value or not value.startswith(_CARRIED):
+        return None
+    try:
+        return base64.b64decode(value[len(_CARRIED):], validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
 class ReasoningItem(Lenient):
     type: Literal["reasoning"]
     summary: list[dict[str, Any]] = Field(default_factory=list)
     content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
 
     def text(self, what: str) -> str:
-        """The raw reasoning (content) when given back, else its summary."""
-        return _text_parts(self.content, what) if self.content else _text_parts(self.summary, what)
+        """The raw reasoning (content) when given back, else what our encrypted_content carries,
+        else its summary."""
+        if self.content:
+            return _text_parts(self.content, what)
+        carried = _carried_text(self.encrypted_content)
+        return carried if carried is not None else _text_parts(self.summary, what)
 
 
 InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
@@ -159,6 +185,7 @@ class ResponsesRequest(Lenient):
     background: bool = False
     metadata: dict[str, str] | None = None
     user: str | None = None
+    include: list[str] | None = None  # "reasoning.encrypted_content": reasoning items carry their text
 
     @field_validator("input")
     @classmethod
@@ -435,8 +462,11 @@ class _Run:
             return {"id": f"fc_{suffix}", "type": "function_call", "status": status, "call_id": b.call_id,
                     "name": b.name, "arguments": b.text if done else ""}
         if b.kind == "reasoning":
-            return {"id": f"rs_{suffix}", "type": "reasoning", "status": status, "summary": [],
+            item = {"id": f"rs_{suffix}", "type": "reasoning", "status": status, "summary": [],
                     "content": [self._part("reasoning", b.text)] if done else []}
+            if "reasoning.encrypted_content" in (self.req.include or ()):
+                item["encrypted_content"] = carry_reasoning(b.text) if done else ""
+            return item
         return {"id": f"msg_{suffix}", "type": "message", "role": "assistant", "status": status,
                 "content": [self._part("text", b.text)] if done else []}
 
