@@ -147,6 +147,9 @@ def test_chat_with_the_demo_model(page, demo_server: ServerProcess, tmp_path: Pa
     page.fill("#set-system", "Answer in one sentence.")
     page.fill("#set-temperature", "0")
     page.fill("#set-top-p", "0.9")
+    page.fill("#set-top-k", "20")
+    page.fill("#set-min-p", "0.1")
+    page.fill("#set-repeat-penalty", "1.1")
     page.fill("#set-max-tokens", "48")
     page.select_option("#set-reasoning-effort", "low")
     page.click("#settings-save")
@@ -158,7 +161,8 @@ def test_chat_with_the_demo_model(page, demo_server: ServerProcess, tmp_path: Pa
     assert sent == [{"messages": [{"role": "system", "content": "Answer in one sentence."},
                                   {"role": "user", "content": "Who was David?"}],
                      "stream": True, "stream_options": {"include_usage": True},
-                     "temperature": 0, "top_p": 0.9, "max_tokens": 48, "reasoning_effort": "low"}]
+                     "temperature": 0, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "repeat_penalty": 1.1,
+                     "max_tokens": 48, "reasoning_effort": "low"}]
     assert page.is_visible("#send") and not page.is_visible("#stop")
     m = re.search(r"(\d+) tokens · (\d+\.\d) tok/s · prompt (\d+) tokens", meta)
     assert m and float(m.group(2)) > 0, meta
@@ -173,7 +177,8 @@ def test_chat_with_the_demo_model(page, demo_server: ServerProcess, tmp_path: Pa
     status, direct = demo_server.request("POST", "/v1/chat/completions", {
         "messages": [{"role": "system", "content": "Answer in one sentence."},
                      {"role": "user", "content": "Who was David?"}],
-        "temperature": 0, "top_p": 0.9, "max_tokens": 48, "reasoning_effort": "low"})
+        "temperature": 0, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "repeat_penalty": 1.1, "max_tokens": 48,
+        "reasoning_effort": "low"})
     assert status == 200, direct
     assert reply["content"] == direct["choices"][0]["message"]["content"]
     assert reply.get("reasoning", "") == direct["choices"][0]["message"].get("reasoning_content", "")

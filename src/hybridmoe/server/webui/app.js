@@ -9,7 +9,10 @@ const STORE = {
   settings: "hybridmoe.settings",
   apiKey: "hybridmoe.apiKey",
 };
-const DEFAULT_SETTINGS = { system: "", temperature: "", top_p: "", max_tokens: "", reasoning_effort: "" };
+const DEFAULT_SETTINGS = {
+  system: "", temperature: "", top_p: "", top_k: "", min_p: "", repeat_penalty: "", max_tokens: "",
+  reasoning_effort: "",
+};
 const $ = (id) => document.getElementById(id);
 
 function el(tag, cls, text) {
@@ -311,6 +314,9 @@ function requestBody(history) {
   const body = { messages, stream: true, stream_options: { include_usage: true } };
   if (s.temperature !== "") body.temperature = Number(s.temperature);
   if (s.top_p !== "") body.top_p = Number(s.top_p);
+  if (s.top_k !== "") body.top_k = parseInt(s.top_k, 10);
+  if (s.min_p !== "") body.min_p = Number(s.min_p);
+  if (s.repeat_penalty !== "") body.repeat_penalty = Number(s.repeat_penalty);
   if (s.max_tokens !== "") body.max_tokens = parseInt(s.max_tokens, 10);
   if (s.reasoning_effort) body.reasoning_effort = s.reasoning_effort;
   return body;
@@ -417,6 +423,9 @@ const SETTING_FIELDS = {
   system: "set-system",
   temperature: "set-temperature",
   top_p: "set-top-p",
+  top_k: "set-top-k",
+  min_p: "set-min-p",
+  repeat_penalty: "set-repeat-penalty",
   max_tokens: "set-max-tokens",
   reasoning_effort: "set-reasoning-effort",
 };
