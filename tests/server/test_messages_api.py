@@ -102,6 +102,11 @@ def test_stop_sequence_and_max_tokens_stop_reasons(client, scripted_server):
     assert [b.text for b in m.content] == ["Hello there! "]
     cut = client.messages.create(model="tiny-test", max_tokens=5, messages=USER)
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 5
+    # a stop string inside harmony markup ("nal" of "final"): the parsed text never shows it, but
+    # the reply was cut by it, so the reason says so (llama-server names the string too)
+    scripted_server.script("<|channel|>final<|message|>Hello there!<|return|>")
+    inside = client.messages.create(model="tiny-test", max_tokens=64, messages=USER, stop_sequences=["nal"])
+    assert inside.stop_reason == "stop_sequence" and inside.stop_sequence == "nal", inside
 
 
 def test_named_tool_choice_forces_a_tool_use(client):

@@ -236,7 +236,7 @@ async def count_tokens(serving: Serving, req: MessagesInput) -> dict[str, Any]:
 async def create(serving: Serving, req: MessagesRequest,
                  disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
     handle, view = await serving.start_chat(_chat_request(req, req.max_tokens))
-    run = _Run(serving, view, len(handle.request.prompt_ids))
+    run = _Run(serving, view, len(handle.request.prompt_ids), list(handle.request.stop))
     if req.stream:
         return run.sse(handle)
     async for _ in run.events(events(handle, disconnected)):
@@ -259,8 +259,9 @@ def _tool_input(arguments: str) -> dict[str, Any]:
 
 
 class _Run:
-    def __init__(self, serving: Serving, view: ChatView, n_prompt: int) -> None:
+    def __init__(self, serving: Serving, view: ChatView, n_prompt: int, stops: list[str]) -> None:
         self.serving = serving
+        self.stops = stops
         self.folder = BlockFolder(view)
         self.id = f"msg_{uuid.uuid4().hex}"
         self.n_prompt = n_prompt
@@ -300,6 +301,9 @@ class _Run:
                 stop_reason = "tool_use"
             elif view.stop_sequence is not None:
                 stop_reason, stop_sequence = "stop_sequence", view.stop_sequence
+            elif final.finish_reason == "stop" and final.stop_token_id is None and self.stops:
+                # cut by a stop string inside harmony markup, where the parsed text never shows it
+                stop_reason, stop_sequence = "stop_sequence", self._stop_in_raw_text()
             else:
                 stop_reason = "end_turn"
         u = final.usage if final is not None else None
@@ -310,6 +314,12 @@ class _Run:
                  "output_tokens_details": {"thinking_tokens": view.reasoning_tokens}}
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.serving.model_id,
                 "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
+
+    def _stop_in_raw_text(self) -> str | None:
+        """The earliest of the request's stop strings in the reply's raw text (markup included)."""
+        raw = self.serving.tokenizer.decode(self.folder.token_ids)
+        hits = [(raw.find(s), s) for s in self.stops if s and s in raw]
+        return min(hits)[1] if hits else None
 
 
 def _block(b: Block) -> dict[str, Any]:

@@ -40,11 +40,14 @@ class BlockFolder:
         self.view = view
         self.blocks: list[Block] = []
         self.final: EngineEvent | None = None  # the engine's last event, once the reply is over
+        self.token_ids: list[int] = []  # the reply's tokens (a stop string may have cut inside markup)
         self._open: Block | None = None
 
     async def stream(self, events: AsyncIterator[EngineEvent]) -> AsyncIterator[BlockEvent]:
         """The block events of a whole reply; afterwards `final` holds the finishing engine event."""
         async for ev in events:
+            if ev.token_id is not None:
+                self.token_ids.append(ev.token_id)
             for bev in self.feed(self.view.push(ev)):
                 yield bev
             if ev.finish_reason is not None:
