@@ -66,6 +66,12 @@ def test_logit_bias_and_penalties_reach_the_sampler(tiny_llm):
     once = tiny_llm.generate("Hi there", max_tokens=12, temperature=0.0, ignore_eos=True,
                              chain=SamplerSettings(frequency_penalty=1e4, repeat_last_n=-1))
     assert len(set(once.token_ids)) == 12 and not set(once.token_ids) & set(tiny_llm.tokenize("Hi there"))
+    # DRY through the Python API (its breakers found on the caller's thread): no two-token run repeats
+    dry = tiny_llm.generate("Hi there", max_tokens=30, temperature=0.0, ignore_eos=True,
+                            chain=SamplerSettings(dry_multiplier=1000.0, dry_allowed_length=1))
+    text = tiny_llm.tokenize("Hi there") + dry.token_ids
+    pairs = list(zip(text, text[1:]))
+    assert len(pairs) == len(set(pairs)), dry.token_ids
 
 
 def test_tokenize_detokenize_round_trip(tiny_llm):

@@ -10,6 +10,7 @@ import math
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +70,14 @@ def cached_breakers(tokenizer: object, texts: Sequence[str], pieces: Callable[[]
                 lists.pop(next(iter(lists)))
             lists[key] = hit
     return hit
+
+
+def tokenizer_breakers(tokenizer: Any, texts: Sequence[str]) -> Breakers:
+    """cached_breakers for one of our Tokenizers (token texts by id, plain-text encoding)."""
+    return cached_breakers(
+        tokenizer, texts,
+        lambda: [tokenizer.token_bytes(i).decode("utf-8", "replace") for i in range(tokenizer.vocab_size)],
+        lambda text: tokenizer.encode(text, allow_special=False))
 
 
 class Dry:

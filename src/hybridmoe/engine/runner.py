@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from hybridmoe.engine.constraints import LazyToolCalls, make_constraint, token_table
-from hybridmoe.engine.dry import Breakers, cached_breakers
+from hybridmoe.engine.dry import Breakers, tokenizer_breakers
 from hybridmoe.engine.request import Sequence
 from hybridmoe.engine.sampling import Sampler, SamplingParams, TokenLogprobs
 from hybridmoe.engine.scheduler import Admission, StepPlan
@@ -79,12 +79,7 @@ class ModelRunner:
         """DRY's sequence breakers as tokens, when DRY is on and the request came without them
         (LLM.generate, on the caller's thread; the server finds them off the engine thread)."""
         chain = params.chain
-        if chain.dry_multiplier == 0.0:
-            return None
-        tok = self.tokenizer
-        return cached_breakers(tok, chain.dry_sequence_breakers,
-                               lambda: [tok.token_bytes(i).decode("utf-8", "replace") for i in range(tok.vocab_size)],
-                               lambda text: tok.encode(text, allow_special=False))
+        return tokenizer_breakers(self.tokenizer, chain.dry_sequence_breakers) if chain.dry_multiplier else None
 
     def forward(self, plan: StepPlan) -> torch.Tensor:
         """Logits [len(plan.batch), V]: each entry's last token."""

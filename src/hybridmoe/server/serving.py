@@ -26,7 +26,7 @@ from hybridmoe.engine.constraints import (
     token_table,
     tool_names_spec,
 )
-from hybridmoe.engine.dry import Breakers, cached_breakers
+from hybridmoe.engine.dry import Breakers, tokenizer_breakers
 from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
 from hybridmoe.engine.sampling import SamplingParams
 from hybridmoe.server.chat_checks import check_messages
@@ -243,11 +243,7 @@ class Serving:
         chain = self._chain(req)
         if chain.dry_multiplier == 0.0:
             return None
-        tok = self.tokenizer
-        return await asyncio.to_thread(
-            cached_breakers, tok, chain.dry_sequence_breakers,
-            lambda: [tok.token_bytes(i).decode("utf-8", "replace") for i in range(tok.vocab_size)],
-            lambda text: tok.encode(text, allow_special=False))
+        return await asyncio.to_thread(tokenizer_breakers, self.tokenizer, chain.dry_sequence_breakers)
 
     def _head(self, id_prefix: str) -> dict[str, Any]:
         """Fields every response object and stream chunk of one request shares."""
