@@ -10,7 +10,6 @@ import pytest
 
 from hybridmoe import LLM, ComputeSettings, ContextSettings
 from hybridmoe.settings import SamplerSettings
-from hybridmoe.gguf.reader import open_model
 from hybridmoe.gguf.writer import write_split
 from hybridmoe.synth import PRESETS, synth_metadata, synth_tensors
 

@@ -23,8 +23,6 @@ from hybridmoe.engine import samplers as steps
 from hybridmoe.engine.dry import Breakers, Dry
 from hybridmoe.settings import SAMPLER_NAMES, SAMPLER_ORDER, SAMPLING_DEFAULTS, SamplerSettings, check_sampling
 
-DEFAULT_ORDER = SAMPLER_ORDER
-KNOWN_SAMPLERS = SAMPLER_NAMES  # "infill" and "adaptive_p" are accepted and do nothing
 # Steps that may move the top choice (so a greedy pick must run the chain).
 _MOVES_TOP = ("penalties", "dry", "typ_p", "xtc")
 
@@ -41,7 +39,7 @@ class SamplingParams:
     max_tokens: int = 256  # the engine's budget, resolved from n_predict and the room left
     ignore_eos: bool = False
     # llama-server's `samplers`: the filters applied, in order (a filter left out is not applied;
-    # without "temperature" the draw is at temperature 1). None: DEFAULT_ORDER.
+    # without "temperature" the draw is at temperature 1). None: SAMPLER_ORDER.
     samplers: tuple[str, ...] | None = None
     chain: SamplerSettings = SAMPLING_DEFAULTS.samplers  # penalties, DRY, XTC, Mirostat, ...
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit; -inf bans it)
@@ -54,9 +52,9 @@ class SamplingParams:
                 raise ValueError(f"logit_bias: token {token} with bias {bias} (ids >= 0; a finite bias or -inf)")
         if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
-        unknown = [n for n in self.samplers or () if n not in KNOWN_SAMPLERS]
+        unknown = [n for n in self.samplers or () if n not in SAMPLER_NAMES]
         if unknown:
-            raise ValueError(f"unknown sampler {unknown[0]!r}; known: {', '.join(sorted(KNOWN_SAMPLERS))}")
+            raise ValueError(f"unknown sampler {unknown[0]!r}; known: {', '.join(sorted(SAMPLER_NAMES))}")
 
 
 @dataclass
@@ -132,7 +130,7 @@ class Sampler:
         c = params.chain
         seed = params.seed if params.seed is not None and params.seed >= 0 else random.randrange(2**63)
         self.generator = torch.Generator().manual_seed(seed)
-        self._order = params.samplers if params.samplers is not None else DEFAULT_ORDER
+        self._order = params.samplers if params.samplers is not None else SAMPLER_ORDER
         self._penalties = Penalties(c)
         self._penalties.active = self._penalties.active and "penalties" in self._order and not c.mirostat
         self._dry = Dry(c.dry_multiplier, c.dry_base, c.dry_allowed_length, c.dry_penalty_last_n, breakers or {})

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridmoe.engine.engine import EngineEvent, RequestHandle
-from hybridmoe.engine.sampling import DEFAULT_ORDER, TokenLogprobs
+from hybridmoe.engine.sampling import TokenLogprobs
+from hybridmoe.settings import SAMPLER_ORDER
 
 
 @dataclass
@@ -100,7 +101,7 @@ def generation_settings(handle: RequestHandle, n_ctx: int, model: str, stream: b
         "ignore_eos": p.ignore_eos,
         "stream": stream,
         "n_probs": req.logprobs or 0,
-        "samplers": list(p.samplers if p.samplers is not None else DEFAULT_ORDER),
+        "samplers": list(p.samplers if p.samplers is not None else SAMPLER_ORDER),
     }
 
 
