@@ -52,6 +52,9 @@ BENCHES = {
                   "the full-size tokenizer, each open in a fresh process."),
     "decode_overhead": ("Python overhead of a decode step", "bench/decode_overhead.py",
                         "Decode step time vs time inside the C kernels' calls."),
+    "sampling": ("Choosing a token", "bench/sampling.py",
+                 "`Sampler.sample` + `accept` per token on a random 201k-token logit row; median of the "
+                 "runs' means."),
     "constrained_load": ("Big JSON schemas beside a normal chat", "bench/constrained_load.py",
                          "Does one request's huge schema stall the other slot?"),
     "gpu_check": ("GPU placements", "bench/gpu_check.py",
