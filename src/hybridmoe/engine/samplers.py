@@ -1,8 +1,8 @@
 """llama.cpp's sampler steps on a shrinking candidate set, as its chain runs them: each step keeps
 some of the candidates (ids and float32 logits) or changes their logits. Working on the survivors
 only is what keeps a 200k-token vocabulary cheap: after top-k (40 by default) every later step
-sees a handful of candidates (the full-vocabulary chain took ~11 ms a token, a tenth of a 20b
-decode step). The rules are llama.cpp's (src/llama-sampler.cpp), restated in docs/sampling.md."""
+sees a handful of candidates (the full-vocabulary chain took 10-11 ms a token, a tenth of a 20b
+decode step; bench/sampling.py). The rules are llama.cpp's (src/llama-sampler.cpp), restated in docs/sampling.md."""
 
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def top_k(c: Candidates, k: int) -> None:
 
 def top_p(c: Candidates, p: float, min_keep: int) -> None:
     """The smallest head whose probability mass reaches p (at least min_keep tokens). On a big
-    set the head is looked for among the 256, then 8192 most likely first (a full sort of 200k
-    takes ~16 ms)."""
+    set the head is looked for among the 256, then 8192 most likely first (a full sort of the
+    vocabulary costs more than the rest of the chain)."""
     if p >= 1.0 or len(c) <= 1:
         return
     probs = c.probs()
@@ -170,7 +170,7 @@ def temperature(c: Candidates, temp: float, dyn_range: float = 0.0, exponent: fl
 
 def draw(c: Candidates, generator: torch.Generator) -> int:
     """One id, drawn by probability (the chain's final `dist`): the inverse of the cumulative
-    distribution (float64) at a seeded uniform number (torch.multinomial took 4 ms on 200k)."""
+    distribution (float64) at a seeded uniform number; torch.multinomial is several times slower."""
     if len(c) == 1:
         return int(c.ids[0])
     return int(c.ids[pick(c.probs(), generator)])
@@ -181,8 +181,8 @@ _PICK_BLOCK = 1024
 
 def pick(probs: torch.Tensor, generator: torch.Generator) -> int:
     """An index drawn with these probabilities (zero ones never). A big set goes in two levels,
-    a block of 1024 by the blocks' sums, then an index in it: a float64 cumulative sum over 200k
-    costs 1.2 ms, the two levels ~0.2."""
+    a block of 1024 by the blocks' sums, then an index in it: a float64 cumulative sum over the
+    whole vocabulary is the slow part of a draw."""
     n = probs.numel()
     u = float(torch.rand(1, generator=generator, dtype=torch.float64))
     if n <= 8 * _PICK_BLOCK:
