@@ -239,3 +239,33 @@ def test_logit_bias_flag_refuses_other_forms(value):
 
     with pytest.raises(argparse.ArgumentTypeError):
         parse_logit_bias_flag(value)
+
+
+@pytest.mark.parametrize("argv,ngram,notes", [
+    ([], False, 0),
+    (["--spec-type", "ngram-simple"], True, 0),
+    (["--spec-type", "none"], False, 0),
+    (["--spec-type", "ngram-mod,draft-eagle3"], True, 2),  # served as ngram-simple; the draft model one is not
+    (["--spec-default"], True, 1),
+    (["--spec-type", "draft-simple"], False, 1),
+])
+def test_speculative_flags(argv, ngram, notes):
+    from hybridmoe.settings import SpeculativeSettings, spec_type_notes
+
+    args = parse("serve", argv + ["--spec-ngram-simple-size-n", "6", "--spec-ngram-simple-size-m", "32"])
+    s = SpeculativeSettings.from_args(args)
+    assert (s.enabled, s.size_n, s.size_m) == (ngram, 6, 32)
+    assert len(spec_type_notes(args.spec_type, args.spec_default)) == notes
+
+
+def test_unknown_spec_type_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        parse("serve", ["--spec-type", "ngram-bogus"])
+    assert "unknown speculative type 'ngram-bogus'" in capsys.readouterr().err
+
+
+def test_llama_servers_other_spec_flags_are_set_aside():
+    kept, foreign = set_aside(["--spec-draft-n-max", "16", "--spec-ngram-mod-n-match", "24", "--spec-type",
+                               "ngram-mod", "--spec-draft-cpu-moe"])
+    assert kept == ["--spec-type", "ngram-mod"]
+    assert foreign == ["--spec-draft-n-max", "16", "--spec-ngram-mod-n-match", "24", "--spec-draft-cpu-moe"]

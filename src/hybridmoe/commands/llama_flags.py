@@ -21,6 +21,7 @@ _NO_VALUE = """
 --verbose-prompt -dio --direct-io --no-host --no-jinja --spm-infill --lora-init-without-apply
 -cmoed --cpu-moe-draft --endpoint-metrics --endpoint-props --endpoint-slots --no-endpoint-slots
 --models-autoload --no-models-autoload
+--spec-draft-cpu-moe --spec-draft-backend-sampling --no-spec-draft-backend-sampling
 """
 
 _ONE_VALUE = """
@@ -42,6 +43,14 @@ _ONE_VALUE = """
 --models-max --models-preset --webui-config --webui-config-file --image-min-tokens
 --image-max-tokens --fit-target -fitt --fit-ctx -fitc --pooling -r --reverse-prompt
 --n-probs --cache-type-k-draft --chat-template-file-draft
+--spec-draft-n-max --spec-draft-n-min --spec-draft-p-min --spec-draft-p-split --spec-draft-model
+--spec-draft-hf --spec-draft-ngl --spec-draft-device --spec-draft-threads --spec-draft-threads-batch
+--spec-draft-type-k --spec-draft-type-v --spec-draft-override-tensor --spec-draft-n-cpu-moe --spec-draft-ncmoe
+--spec-draft-cpu-mask --spec-draft-cpu-mask-batch --spec-draft-cpu-range --spec-draft-cpu-strict
+--spec-draft-cpu-strict-batch --spec-draft-prio --spec-draft-prio-batch --spec-draft-poll --spec-draft-poll-batch
+--spec-ngram-mod-n-match --spec-ngram-mod-n-min --spec-ngram-mod-n-max --spec-ngram-map-k-size-n
+--spec-ngram-map-k-size-m --spec-ngram-map-k-min-hits --spec-ngram-map-k4v-size-n --spec-ngram-map-k4v-size-m
+--spec-ngram-map-k4v-min-hits --spec-synth-len --spec-synth-rates
 """
 
 _TWO_VALUES = "--lora-scaled --control-vector-scaled --control-vector-layer-range --spec-replace"

@@ -27,6 +27,7 @@ from hybridmoe.settings import (
     PromptCacheSettings,
     SamplingDefaults,
     ServerLimits,
+    SpeculativeSettings,
     add_compute_args,
     add_context_args,
     add_parallel_args,
@@ -34,7 +35,9 @@ from hybridmoe.settings import (
     add_prompt_cache_args,
     add_sampling_args,
     add_server_limit_args,
+    add_speculative_args,
     on_off,
+    spec_type_notes,
 )
 from hybridmoe.tokenizer.builtin_templates import BUILTIN_TEMPLATES, resolve_chat_template
 
@@ -62,13 +65,14 @@ class ServeSettings:
     prompt_cache: PromptCacheSettings
     sampling: SamplingDefaults
     limits: ServerLimits
+    speculative: SpeculativeSettings
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:
         return cls(ComputeSettings.from_args(args), ContextSettings.from_args(args),
                    ParallelSettings.from_args(args), PlacementSettings.from_args(args),
                    PromptCacheSettings.from_args(args), SamplingDefaults.from_args(args),
-                   ServerLimits.from_args(args))
+                   ServerLimits.from_args(args), SpeculativeSettings.from_args(args))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -115,7 +119,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--cors-credentials", dest="cors_credentials", action="store_true", default=True)
     a("--no-cors-credentials", dest="cors_credentials", action="store_false")
     for add_group in (add_compute_args, add_context_args, add_parallel_args, add_placement_args,
-                      add_prompt_cache_args, add_sampling_args, add_server_limit_args):
+                      add_prompt_cache_args, add_sampling_args, add_server_limit_args, add_speculative_args):
         add_group(p)
     p.set_defaults(unknown_flags=[])  # filled by llama_flags.parse_llama_command_line
     return p
@@ -204,7 +208,7 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
         if args.swa_full:
             llm.model.use_full_swa_cache()
         engine = Engine(llm, n_parallel, per_slot, s.limits.max_queue, batch_size=s.context.step_tokens,
-                        cache=_cache_config(s.prompt_cache)).start()
+                        cache=_cache_config(s.prompt_cache), speculative=s.speculative).start()
         config = ServingConfig(
             model_path=path,
             alias=args.alias,
@@ -236,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
     for word in args.unknown_flags:
         if is_flag(word):
             log.warning("ignoring flag %s: it has no meaning in hybridmoe", word)
+    for note in spec_type_notes(args.spec_type, args.spec_default):
+        log.warning("%s", note)
     if args.no_mmap:
         log.warning("--no-mmap is accepted but has no effect: experts are always used in place from the mmap "
                     "(use --mlock to pin them in RAM)")

@@ -23,6 +23,7 @@ from hybridmoe.engine.output import Metrics, OutputProcessor, find_stop, safe_pr
 from hybridmoe.engine.request import EngineEvent, GenerationRequest, ModelInfo, Sequence, Usage
 from hybridmoe.engine.runner import ModelRunner
 from hybridmoe.engine.scheduler import Admission, CacheConfig, Scheduler
+from hybridmoe.engine.speculative import SequenceDrafts, SpeculativeSettings, StepCosts
 
 __all__ = [
     "CacheConfig", "Engine", "EngineClosedError", "EngineEvent", "GenerationRequest", "Metrics", "ModelInfo",
@@ -102,6 +103,7 @@ class Engine:
         max_queue: int,
         batch_size: int = 2048,
         cache: CacheConfig | None = None,
+        speculative: SpeculativeSettings = SpeculativeSettings(),
     ) -> None:
         if n_parallel < 1:
             raise ValueError(f"n_parallel must be >= 1, got {n_parallel}")
@@ -117,6 +119,8 @@ class Engine:
         self.max_queue = max_queue
         self.batch_size = batch_size
         self.metrics = Metrics()
+        self.speculative = speculative
+        self.step_costs = StepCosts()  # measured step times, for the draft length choice
         self.runner = ModelRunner(llm.model, self.tokenizer, n_parallel, ctx_size_per_slot)
         self.scheduler = Scheduler(n_parallel, batch_size, self.runner.geometry(), cache or CacheConfig())
         self.output = OutputProcessor(self.tokenizer, self.metrics)
@@ -279,6 +283,7 @@ class Engine:
                 "max_tokens": seq.request.params.max_tokens if seq is not None else -1,
                 "sampling": seq.request.params if seq is not None else None,
                 "n_probs": (seq.request.logprobs or 0) if seq is not None else 0,
+                "speculative": self.speculative.enabled,
             })
         with self._cv:
             waiting = len(self._inbox) + len(self.scheduler.waiting)
@@ -350,6 +355,9 @@ class Engine:
                 log.error("slot %d kept %d tokens, %d planned", slot.id, kept, adm.reuse.keep)
             self.scheduler.loaded(adm, kept)
             self.runner.prepare(seq)
+            if self.speculative.enabled:
+                seq.drafts = SequenceDrafts(self.speculative)
+                seq.drafts.extend(seq.prompt)
             self.output.start(seq)
         except Exception as e:  # e.g. no memory for a KV cache: fail this request, keep serving
             log.exception("could not place a request on slot %d", slot.id)
@@ -358,41 +366,95 @@ class Engine:
             self._finish(seq, "error", error=f"{type(e).__name__}: {e}")
 
     def _forward(self) -> None:
+        if self.speculative.enabled:
+            self._propose_drafts()
         plan = self.scheduler.plan_step()
         if not plan.batch:
             return
+        decoding = [not seq.pending for seq, _ in plan.batch]  # before `fed` empties the prompts
         t0 = time.perf_counter()
-        logits = self.runner.forward(plan)  # [len(batch), V]
+        logits = self.runner.forward(plan)  # per entry: each token's logits when decoding, else the last's
         dt = time.perf_counter() - t0
+        self.step_costs.record(plan.n_tokens, dt)
         m = self.metrics
         m.n_decode_total += 1
         m.n_busy_slots_total += len(plan.batch)
         m.n_tokens_max = max(m.n_tokens_max, plan.n_tokens)
-        n_prefill = sum(len(t) for seq, t in plan.batch if seq.pending)
+        n_prefill = sum(len(t) for (seq, t), dec in zip(plan.batch, decoding) if not dec)
         m.prompt_tokens_total += n_prefill
         m.prompt_seconds_total += dt * n_prefill / plan.n_tokens
         m.tokens_predicted_seconds_total += dt * (plan.n_tokens - n_prefill) / plan.n_tokens
-        for row, (seq, toks) in zip(logits, plan.batch):
+        off = 0
+        for (seq, toks), dec in zip(plan.batch, decoding):
+            n_rows = len(toks) if dec else 1
+            rows, off = logits[off : off + n_rows], off + n_rows
             slot = self.scheduler.slots[seq.slot_id]
             if self.scheduler.fed(seq, toks):
                 snap = self.runner.snapshot(slot.id, full_layers=False)
                 self.scheduler.add_checkpoint(slot, snap, snap.nbytes)
-            if not seq.pending:
-                self._on_logits(seq, row)
+            if seq.pending:
+                continue
+            if n_rows > 1:
+                self._verify(seq, rows, toks)
+            else:
+                self._on_logits(seq, rows[0], self.runner.cache_length(seq.slot_id) < self.ctx_size_per_slot)
 
-    def _on_logits(self, seq: Sequence, row: Any) -> None:
+    def _propose_drafts(self) -> None:
+        """Each decoding sequence's draft for this step, cut to what the measured costs make pay."""
+        running = self.scheduler.running()
+        decoding = [s for s in running if not s.pending and s.next_token is not None]
+        base = len(decoding) + min(self.batch_size, sum(len(s.pending) for s in running))
+        for seq in decoding:
+            left = seq.request.params.max_tokens - seq.n_generated - 1  # the sampled token is counted
+            room = min(self.scheduler.draft_room(seq, self.ctx_size_per_slot), left)
+            base += len(seq.drafts.propose(self.step_costs, base, room))
+
+    def _verify(self, seq: Sequence, rows: Any, toks: list[int]) -> None:
+        """Sample each position of a step that fed a draft; keep the draft while the sampler draws
+        it, then cut the cache back to what was kept."""
+        draft, drafts = toks[1:], seq.drafts
+        start = self.runner.cache_length(seq.slot_id) - len(toks)  # the length before this step
+        accepted_before = drafts.n_accepted
+        drafts.n_drafted += len(draft)
+        drafts.n_verifications += 1
+        kept = 0
+        for i, row in enumerate(rows):
+            proposed = draft[i] if i < len(draft) else None
+            token = self._on_logits(seq, row, start + 1 + i < self.ctx_size_per_slot, proposed)
+            if token is None or proposed is None or token != proposed:
+                break
+            kept += 1
+        drafts.verified(kept)
+        m = self.metrics
+        m.n_draft_tokens_total += len(draft)
+        m.n_draft_accepted_total += drafts.n_accepted - accepted_before
+        m.n_drafts_total += 1
+        n = start + 1 + kept
+        if n < start + len(toks):
+            kept_len = self.runner.truncate(seq.slot_id, n)
+            if kept_len != n:  # draft_room keeps rollbacks possible: this is a bug, not a request error
+                log.error("slot %d rolled back to %d tokens, %d asked", seq.slot_id, kept_len, n)
+            self.scheduler.rolled_back(seq, kept_len)
+
+    def _on_logits(self, seq: Sequence, row: Any, room_left: bool, proposed: int | None = None) -> int | None:
+        """Sample the next token (`proposed`: the draft's token for this position); returns it, or
+        None when the request ended (or failed) with it."""
         try:
             token, lp = self.runner.sample(seq, row)
         except Exception as e:  # a constraint with nothing left to allow, odd settings: this request only
             log.exception("sampling failed for request %s", seq.request.request_id)
             self._finish(seq, "error", error=f"sampling: {e}")
-            return
-        room_left = self.runner.cache_length(seq.slot_id) < self.ctx_size_per_slot
+            return None
+        if seq.drafts is not None:
+            seq.drafts.sampled(token)
+            if token == proposed:  # counted before the output can end the request and report it
+                seq.drafts.n_accepted += 1
         reason = self.output.on_token(seq, token, lp, room_left)
-        if reason is None:
-            seq.next_token = token
-        else:
+        if reason is not None:
             self._finish(seq, reason, stop_token_id=token if token in seq.stop_ids else None)
+            return None
+        seq.next_token = token
+        return token
 
     def _finish(self, seq: Sequence, reason: str, stop_token_id: int | None = None, error: str | None = None) -> None:
         # Free the slot before the caller hears of the end: a finished response implies an idle slot.

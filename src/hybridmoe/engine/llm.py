@@ -22,6 +22,7 @@ from hybridmoe.settings import (
     ContextSettings,
     ParallelSettings,
     PlacementSettings,
+    SpeculativeSettings,
 )
 from hybridmoe.tokenizer.tokenizer import Tokenizer
 
@@ -125,8 +126,10 @@ class LLM:
         progress: bool = False,
         prefault: bool = True,
         mlock: bool = False,
+        speculative: SpeculativeSettings = SpeculativeSettings(),
     ):
-        """`n_parallel`: sequences the KV cache is planned for (the server's -np; one here)."""
+        """`n_parallel`: sequences the KV cache is planned for (the server's -np; one here).
+        `speculative`: self-speculative decoding for `generate` (off by default)."""
         ParallelSettings(n_parallel)  # the same check as -np
         from hybridmoe import kernels
 
@@ -168,6 +171,7 @@ class LLM:
             self.prefault_thread = None
             residency.prefer_huge_folios(self.file)
         self._engine: Any = None
+        self.speculative = speculative
         self.load_seconds = time.perf_counter() - t0
 
     @property
@@ -246,5 +250,5 @@ class LLM:
         if self._engine is None or self._engine.ctx_size_per_slot < n_ctx:
             ctx = min(self.ctx_size, max(n_ctx, 2 * self._engine.ctx_size_per_slot if self._engine else n_ctx))
             self._engine = Engine(self, 1, ctx, max_queue=0, batch_size=self.batch_size,
-                                  cache=CacheConfig(cache_ram_bytes=0))
+                                  cache=CacheConfig(cache_ram_bytes=0), speculative=self.speculative)
         return self._engine

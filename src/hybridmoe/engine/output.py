@@ -26,6 +26,9 @@ class Metrics:
     requests_total: int = 0
     requests_rejected_total: int = 0
     n_tokens_max: int = 0
+    n_draft_tokens_total: int = 0  # speculative decoding: tokens drafted, kept, verification steps
+    n_draft_accepted_total: int = 0
+    n_drafts_total: int = 0
 
 
 def safe_prefix_len(text: str, stops: Seq[str]) -> int:
@@ -52,7 +55,7 @@ def timings(seq: Sequence) -> dict[str, float]:
     prompt_n = len(seq.prompt) - seq.n_cached
     prompt_ms = (t_first - seq.t_start) * 1e3
     predicted_ms = (now - t_first) * 1e3
-    return {
+    out = {
         "cache_n": seq.n_cached,
         "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
@@ -61,6 +64,10 @@ def timings(seq: Sequence) -> dict[str, float]:
         "predicted_ms": predicted_ms,
         "predicted_per_second": seq.n_generated * 1e3 / predicted_ms if predicted_ms > 0 else 0.0,
     }
+    if seq.drafts is not None and seq.drafts.n_drafted:  # llama-server adds these once it drafted
+        out["draft_n"] = seq.drafts.n_drafted
+        out["draft_n_accepted"] = seq.drafts.n_accepted
+    return out
 
 
 class OutputProcessor:

@@ -85,6 +85,7 @@ class Sequence:
         self.sampler: Any = None  # engine.sampling.Sampler, set by the runner at admission
         self.constraint: Any = None  # engine.constraints.GrammarConstraint or None
         self.stop_ids: frozenset[int] = frozenset()
+        self.drafts: Any = None  # engine.speculative.SequenceDrafts when speculative decoding is on
         self.decoder: Any = None  # tokenizer.IncrementalDecoder, set by the output processor
         self.held = ""  # decoded text not yet emitted (stop-string hold-back)
         self.t_start = time.perf_counter()

@@ -82,9 +82,14 @@ class ModelRunner:
         return tokenizer_breakers(self.tokenizer, chain.dry_sequence_breakers) if chain.dry_multiplier else None
 
     def forward(self, plan: StepPlan) -> torch.Tensor:
-        """Logits [len(plan.batch), V]: each entry's last token."""
-        chunks = [SeqChunk(self.cache(seq.slot_id), toks) for seq, toks in plan.batch]
+        """Logits [rows, V]: every token of a decoding entry (its sampled token and draft), the
+        last token of a prompt chunk; in batch order."""
+        chunks = [SeqChunk(self.cache(seq.slot_id), toks, 1 if seq.pending else len(toks)) for seq, toks in plan.batch]
         return self.model.forward(chunks)
+
+    def truncate(self, slot_id: int, n: int) -> int:
+        """Cut the slot's cache back to its first n tokens; returns the length kept."""
+        return self.cache(slot_id).truncate(n)
 
     def sample(self, seq: Sequence, row: torch.Tensor) -> tuple[int, TokenLogprobs | None]:
         """The next token (the constrained or plain sampler) and its logprobs when asked. A

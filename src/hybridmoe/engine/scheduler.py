@@ -246,11 +246,13 @@ class Scheduler:
 
     # ---- steps ------------------------------------------------------------------------------------
     def plan_step(self) -> StepPlan:
-        """Decode tokens first (one per decoding sequence), then prompt chunks up to the budget."""
+        """Decode tokens first (one per decoding sequence, with its speculative draft), then
+        prompt chunks up to the budget."""
         batch: list[tuple[Sequence, list[int]]] = []
         for seq in self.running():
             if not seq.pending and seq.next_token is not None:
-                batch.append((seq, [seq.next_token]))
+                draft = seq.drafts.draft if seq.drafts is not None else []
+                batch.append((seq, [seq.next_token, *draft]))
         budget = self.batch_size
         for seq in self.running():
             if seq.pending and budget > 0:
@@ -274,6 +276,22 @@ class Scheduler:
         last = max((c.pos for c in slot.checkpoints), default=0)
         done = not seq.pending
         return len(slot.tokens) > last and (done or len(slot.tokens) - last >= self.config.checkpoint_every)
+
+    def rolled_back(self, seq: Sequence, n: int) -> None:
+        """The slot's cache was cut back to its first n tokens (a rejected draft's tail)."""
+        slot = self.slots[seq.slot_id]
+        del slot.tokens[n:]
+        slot.checkpoints = [c for c in slot.checkpoints if c.pos <= n]
+
+    def draft_room(self, seq: Sequence, ctx_size: int) -> int:
+        """Most draft tokens the sequence's next step may carry: the context (one token kept
+        free, as llama-server does), and a rollback its sliding-window ring can always undo."""
+        slot = self.slots[seq.slot_id]
+        n = len(slot.tokens) + 1  # after the sampled token
+        room = ctx_size - n - 1
+        if self.geometry.window and self.geometry.ring < ctx_size:  # else the ring never wraps
+            room = min(room, self.geometry.ring - self.geometry.window)
+        return max(0, room)
 
     def add_checkpoint(self, slot: SlotState, data: Any, nbytes: int) -> None:
         slot.checkpoints.append(Checkpoint(len(slot.tokens), slot.ring_lo, nbytes, data))

@@ -225,7 +225,7 @@ class GptOss:
     PARALLEL_TORCH_MIN_TOKENS = 64
 
     def forward(self, chunks: list[SeqChunk], all_logits: bool = False) -> torch.Tensor:
-        """Run all chunks' tokens as one batch; logits for each chunk's last token (or all)."""
+        """Run all chunks' tokens as one batch; logits for each chunk's last `n_logits` tokens (or all)."""
         n_tokens = sum(len(c.tokens) for c in chunks)
         want = self.torch_threads if n_tokens >= self.PARALLEL_TORCH_MIN_TOKENS else 1
         prev = torch.get_num_threads()
@@ -262,7 +262,8 @@ class GptOss:
         for c, n in zip(chunks, step.lens):
             c.cache.advance(n)
         if not all_logits:
-            last = torch.tensor(np.cumsum(step.lens) - 1)
-            x = x[last.to(x.device)]
+            ends = np.cumsum(step.lens)
+            rows = [np.arange(e - min(c.n_logits, n), e) for c, n, e in zip(chunks, step.lens, ends)]
+            x = x[torch.from_numpy(np.concatenate(rows)).to(x.device)]
         x = rms_norm(x.to(self.out_device), self.output_norm, self.config.rms_eps)
         return self.output(x)

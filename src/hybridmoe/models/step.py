@@ -12,10 +12,12 @@ from hybridmoe.models.layers import RopeTable
 
 @dataclass
 class SeqChunk:
-    """Tokens to append to one sequence; their positions continue at cache.length."""
+    """Tokens to append to one sequence; their positions continue at cache.length. The step
+    returns logits for the chunk's last `n_logits` tokens (a speculative draft needs them all)."""
 
     cache: SequenceKVCache
     tokens: list[int]
+    n_logits: int = 1
 
 
 @dataclass

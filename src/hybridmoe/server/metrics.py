@@ -1,6 +1,5 @@
 """Prometheus text for /metrics, with llama-server's metric names and meanings so existing
-dashboards work (`llamacpp:` prefix; speculative-decoding counters are 0, as llama-server reports
-them with speculation off)."""
+dashboards work (`llamacpp:` prefix, the speculative-decoding counters included)."""
 
 from __future__ import annotations
 
@@ -35,9 +34,11 @@ def prometheus_text(engine: Engine, counters: ServerCounters | None = None) -> s
         ("tokens_predicted_seconds_total", "Predict process time in seconds.", m.tokens_predicted_seconds_total),
         ("n_decode_total", "Total number of model forward calls.", m.n_decode_total),
         ("n_tokens_max", "Largest observed sequence length (prompt + generation).", c.n_tokens_max),
-        ("spec_decode_num_draft_tokens_total", "Speculative: draft tokens generated (no speculation here).", 0),
-        ("spec_decode_num_accepted_tokens_total", "Speculative: draft tokens accepted (no speculation here).", 0),
-        ("spec_decode_num_drafts_total", "Speculative: verification steps (no speculation here).", 0),
+        ("spec_decode_num_draft_tokens_total", "Speculative: total draft tokens generated.", m.n_draft_tokens_total),
+        ("spec_decode_num_accepted_tokens_total", "Speculative: total draft tokens accepted by the target model.",
+         m.n_draft_accepted_total),
+        ("spec_decode_num_drafts_total", "Speculative: total speculative decoding verification steps.",
+         m.n_drafts_total),
         # hybridmoe's own, no llama-server equivalent:
         ("requests_total", "Requests accepted into the queue.", m.requests_total),
         ("requests_rejected_total", "Requests refused because the queue was full.", m.requests_rejected_total),

@@ -707,7 +707,7 @@ class Serving:
                                  for k, v in dataclasses.asdict(sp.chain).items()})
             n_prompt = s["n_prompt_tokens"]
             out.append({
-                **s, "speculative": False, "params": params,
+                **s, "params": params,
                 "n_prompt_tokens_cache": s["n_prompt_cached"],
                 "n_prompt_tokens_processed": max(0, n_prompt - pending - s["n_prompt_cached"]),
                 "next_token": [{"has_next_token": s["is_processing"], "has_new_line": False,

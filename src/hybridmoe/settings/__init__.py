@@ -27,12 +27,14 @@ from hybridmoe.settings.sampling import (
     parse_samplers,
 )
 from hybridmoe.settings.server import ServerLimits, add_server_limit_args
+from hybridmoe.settings.speculative import SpeculativeSettings, add_speculative_args, spec_type_notes
 from hybridmoe.settings.values import SettingsError, byte_size, on_off
 
 __all__ = [
     "GPU_DENSE_DTYPES", "SAMPLER_NAMES", "SAMPLER_ORDER", "SAMPLING_DEFAULTS", "ComputeSettings", "ContextSettings", "ParallelSettings",
     "PlacementSettings", "PromptCacheSettings", "SamplerSettings", "SamplingDefaults", "ServerLimits",
-    "SettingsError", "add_compute_args", "add_context_args", "add_parallel_args", "add_placement_args",
-    "add_prompt_cache_args", "add_sampling_args", "add_server_limit_args", "byte_size", "check_sampling",
-    "gpu_layers", "on_off", "parse_samplers",
+    "SettingsError", "SpeculativeSettings", "add_compute_args", "add_context_args", "add_parallel_args",
+    "add_placement_args", "add_prompt_cache_args", "add_sampling_args", "add_server_limit_args",
+    "add_speculative_args", "byte_size", "check_sampling", "gpu_layers", "on_off", "parse_samplers",
+    "spec_type_notes",
 ]

@@ -1,0 +1,180 @@
+"""Self-speculative decoding from the sequence's own history (llama-server's `ngram-simple`).
+
+When the last `size_n` tokens occurred earlier in the prompt or the reply, the tokens that
+followed them there are proposed as a draft and fed with the sampled token in one step; each
+position is then sampled as usual and the draft is kept while it agrees. Sampling every
+position with the request's own sampler keeps the output what plain decoding gives (greedy or
+not): a token is kept only when the sampler drew it.
+
+How long a draft to feed is a cost question: on a few CPU cores a batch of tokens costs nearly
+as much per token as single steps (the expert GEMVs are compute-bound), on a GPU or many cores
+it is almost free. So the draft is cut to the length that maximises expected tokens per second,
+from the step times this engine measured (`StepCosts`) and the sequence's recent acceptance
+(`Acceptance`): it never drafts when drafting cannot pay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybridmoe.settings.speculative import SpeculativeSettings
+
+__all__ = ["Acceptance", "SequenceDrafts", "SpeculativeSettings", "StepCosts", "best_draft_len", "ngram_draft"]
+
+
+def ngram_draft(history: np.ndarray, size_n: int, size_m: int, min_hits: int = 1) -> np.ndarray:
+    """The up to `size_m` tokens that followed the latest earlier occurrence of the history's last
+    `size_n` tokens, when that n-gram occurred at least `min_hits` times before; else empty."""
+    L = len(history)
+    if size_n < 1 or L <= size_n:
+        return history[:0]
+    key = history[L - size_n:]
+    # Ends of earlier occurrences: positions e < L - 1 with history[e - n + 1 .. e] == key.
+    ends = np.flatnonzero(history[size_n - 1 : L - 1] == key[-1]) + (size_n - 1)
+    hits, first = 0, -1
+    for e in ends[::-1]:  # latest first
+        if np.array_equal(history[e - size_n + 1 : e + 1], key):
+            hits += 1
+            if first < 0:
+                first = int(e)
+            if hits >= min_hits:
+                break
+    if hits < min_hits:
+        return history[:0]
+    return history[first + 1 : first + 1 + size_m]
+
+
+class StepCosts:
+    """Measured seconds per forward step by token count (decay-weighted), for the draft length
+    choice. Counts not yet seen are interpolated linearly between measured ones; beyond the
+    largest, the per-token cost of the largest measured step is assumed."""
+
+    DECAY = 0.8  # weight of the old estimate per new measurement: follows load and context drift
+
+    def __init__(self, max_tokens: int = 4096) -> None:
+        self.max_tokens = max_tokens
+        self._t: dict[int, float] = {}
+
+    def record(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens < 1 or seconds <= 0 or n_tokens > self.max_tokens:
+            return
+        old = self._t.get(n_tokens)
+        self._t[n_tokens] = seconds if old is None else self.DECAY * old + (1 - self.DECAY) * seconds
+
+    def known(self) -> bool:
+        return 1 in self._t
+
+    def estimate(self, n_tokens: int) -> float:
+        """Seconds for a step of `n_tokens` (needs a measured one-token step: `known()`)."""
+        if n_tokens in self._t:
+            return self._t[n_tokens]
+        keys = sorted(self._t)
+        lo = max((k for k in keys if k < n_tokens), default=None)
+        hi = min((k for k in keys if k > n_tokens), default=None)
+        if lo is None:
+            return self._t[hi] * n_tokens / hi
+        if hi is None:
+            return self._t[lo] * n_tokens / lo
+        f = (n_tokens - lo) / (hi - lo)
+        return self._t[lo] + f * (self._t[hi] - self._t[lo])
+
+
+@dataclass
+class Acceptance:
+    """The chance that a drafted token is kept, given the one before it was: kept / (kept +
+    rejections) over the last few drafted tokens' outcomes (each outcome decays the older ones,
+    so a long kept draft cannot outweigh the rejections after it), from a prior of 3 in 4."""
+
+    kept: float = 3.0
+    rejected: float = 1.0
+    DECAY = 0.8  # per token outcome: about the last five count
+
+    @property
+    def rate(self) -> float:
+        return self.kept / (self.kept + self.rejected)
+
+    def update(self, n_drafted: int, n_kept: int) -> None:
+        for _ in range(n_kept):
+            self.kept, self.rejected = self.DECAY * self.kept + 1.0, self.DECAY * self.rejected
+        if n_kept < n_drafted:
+            self.kept, self.rejected = self.DECAY * self.kept, self.DECAY * self.rejected + 1.0
+
+
+def best_draft_len(rate: float, costs: StepCosts, base_tokens: int, max_len: int) -> int:
+    """The draft length k <= max_len that maximises expected tokens per second of a step that
+    already holds `base_tokens` tokens: (base + rate + ... + rate^k) / cost(base + k); 0 when no
+    draft beats none."""
+    if max_len <= 0 or not costs.known() or rate <= 0:
+        return 0
+    best_k, best = 0, base_tokens / costs.estimate(base_tokens)
+    expected = float(base_tokens)
+    p = 1.0
+    for k in range(1, max_len + 1):
+        p *= rate
+        expected += p
+        value = expected / costs.estimate(base_tokens + k)
+        if value > best:
+            best_k, best = k, value
+    return best_k
+
+
+@dataclass
+class SequenceDrafts:
+    """One sequence's speculation state: its tokens so far (prompt and reply), the draft fed with
+    the next token, and the counters llama-server reports (draft_n, draft_n_accepted).
+
+    A proposal not worth feeding is still checked against the tokens sampled next (`shadow`), so
+    the acceptance estimate keeps learning while nothing is drafted (and drafting resumes when
+    the reply starts to repeat)."""
+
+    settings: SpeculativeSettings
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    n_tokens: int = 0
+    draft: list[int] = field(default_factory=list)
+    shadow: list[int] = field(default_factory=list)
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_verifications: int = 0
+
+    def extend(self, ids: list[int]) -> None:
+        need = self.n_tokens + len(ids)
+        if need > len(self.tokens):
+            grown = np.zeros(max(need, 2 * len(self.tokens), 256), dtype=np.int32)
+            grown[: self.n_tokens] = self.tokens[: self.n_tokens]
+            self.tokens = grown
+        self.tokens[self.n_tokens : need] = ids
+        self.n_tokens = need
+
+    def sampled(self, token: int) -> None:
+        """A reply token was sampled: record it, and score the unfed proposal against it."""
+        self.extend([token])
+        if not self.shadow:
+            return
+        hit = token == self.shadow[0]
+        self.acceptance.update(1, 1 if hit else 0)
+        self.shadow = self.shadow[1:] if hit else []
+
+    def propose(self, costs: StepCosts, base_tokens: int, max_len: int) -> list[int]:
+        """Set and return the draft for the next step (at most `max_len` tokens)."""
+        s = self.settings
+        self.draft = []
+        if max_len <= 0:
+            return self.draft
+        found = ngram_draft(self.tokens[: self.n_tokens], s.size_n, s.size_m, s.min_hits)
+        k = best_draft_len(self.acceptance.rate, costs, base_tokens, min(max_len, len(found)))
+        self.draft = found[:k].tolist()
+        if k:
+            self.shadow = []
+        elif not self.shadow and len(found):
+            self.shadow = found.tolist()
+        return self.draft
+
+    def verified(self, n_kept: int) -> None:
+        """The step fed the draft; its first `n_kept` tokens were sampled back (the engine keeps
+        the counters, so they are current when a request ends inside a draft)."""
+        if self.draft:
+            self.acceptance.update(len(self.draft), n_kept)
+        self.draft = []
