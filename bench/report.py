@@ -55,6 +55,11 @@ BENCHES = {
     "sampling": ("Choosing a token", "bench/sampling.py",
                  "`Sampler.sample` + `accept` per token on a random 201k-token logit row; median of the "
                  "runs' means."),
+    "speculative": ("Self-speculative decoding", "bench/speculative.py",
+                    "Greedy decode tok/s, plain vs `--spec-type ngram-simple`, same model and run (replies "
+                    "checked identical). The synthetic model never repeats itself, so the \"drafts right "
+                    "p\" rows propose the plain reply's next tokens spoiled with probability 1 - p (draft "
+                    "quality under control); \"real lookup\" rows use the n-gram lookup itself."),
     "constrained_load": ("Big JSON schemas beside a normal chat", "bench/constrained_load.py",
                          "Does one request's huge schema stall the other slot?"),
     "gpu_check": ("GPU placements", "bench/gpu_check.py",

@@ -289,7 +289,7 @@ class Scheduler:
         slot = self.slots[seq.slot_id]
         n = len(slot.tokens) + 1  # after the sampled token
         room = ctx_size - n - 1
-        if self.geometry.window and self.geometry.ring < ctx_size:  # else the ring never wraps
+        if self.geometry.window and self.geometry.ring < ctx_size:  # else it never wraps
             room = min(room, self.geometry.ring - self.geometry.window)
         return max(0, room)
 
