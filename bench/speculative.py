@@ -9,7 +9,10 @@ the engine does with drafts of that quality on this model and machine, the draft
 its measured step costs as always. The row "real lookup" uses the n-gram lookup itself (on the
 synthetic model: its cost when nothing matches). `--demo` adds the bundled demo model writing
 repeated code, real lookup. Greedy; decode tok/s from the engine's own timings (first token
-excluded); medians of --repeats runs, plain and speculative alternating.
+excluded); medians of --repeats runs, plain and speculative alternating. "same" counts the
+leading tokens equal to plain decoding's (worst run): the batched forward rounds differently from
+one-token steps, which can decide a near-tie the other way (rarely in the exact mode, more often
+with --fast-math's int8 activations); after that the oracle's drafts stop matching.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ def main() -> None:
     real_lookup = speculative.ngram_draft
 
     def case(name: str, llm_a, llm_b, ids, lookup) -> None:
-        plain_runs, spec_runs, drafted, kept = [], [], [], []
+        plain_runs, spec_runs, drafted, kept, same = [], [], [], [], []
         for i in range(args.repeats):
             a = llm_a.generate(ids, **kw)
             speculative.ngram_draft = lookup(i) if lookup else real_lookup
@@ -80,21 +83,26 @@ def main() -> None:
                 b = llm_b.generate(ids, **kw)
             finally:
                 speculative.ngram_draft = real_lookup
-            if b.token_ids != a.token_ids:
-                raise SystemExit(f"{name}: the speculative reply differs from plain decoding")
+            if b.token_ids != a.token_ids:  # a near-tie decided differently by the batched forward's rounding
+                same.append(next(i for i, (x, y) in enumerate(zip(a.token_ids + [-1], b.token_ids + [-2])) if x != y))
+            else:
+                same.append(len(a.token_ids))
             plain_runs.append(a.timings["predicted_per_second"])
             spec_runs.append(b.timings["predicted_per_second"])
             drafted.append(b.timings.get("draft_n", 0))
             kept.append(b.timings.get("draft_n_accepted", 0))
         p, s = statistics.median(plain_runs), statistics.median(spec_runs)
         row = {"case": name, "plain_tok_s": p, "spec_tok_s": s, "ratio": s / p,
-               "drafted": statistics.median(drafted), "kept": statistics.median(kept)}
-        print(f"{name:<34} {p:9.2f} {s:9.2f} {s / p:7.2f}x {row['drafted']:8.0f} {row['kept']:6.0f}", flush=True)
+               "drafted": statistics.median(drafted), "kept": statistics.median(kept),
+               "same_tokens": min(same)}
+        print(f"{name:<34} {p:9.2f} {s:9.2f} {s / p:7.2f}x {row['drafted']:8.0f} {row['kept']:6.0f} {min(same):6d}",
+              flush=True)
         rec["rows"].append(row)
         rec["runs"] += [{"case": name, "repeat": i, "plain_tok_s": x, "spec_tok_s": y}
                         for i, (x, y) in enumerate(zip(plain_runs, spec_runs))]
 
-    print(f"{'case':<34} {'plain':>9} {'spec':>9} {'ratio':>8} {'drafted':>8} {'kept':>6}   (tok/s, medians)")
+    print(f"{'case':<34} {'plain':>9} {'spec':>9} {'ratio':>8} {'drafted':>8} {'kept':>6} {'same':>6}"
+          "   (tok/s, medians; same: tokens equal to plain decoding's, worst run)")
     vocab = plain.config.vocab_size
     for p in args.accept:
         case(f"drafts right {p:.0%} of the time", plain, spec, prompt,
