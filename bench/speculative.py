@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--accept", type=float, nargs="+", default=[1.0, 0.9, 0.6, 0.0])
+    ap.add_argument("--accept", type=float, nargs="*", default=[1.0, 0.9, 0.6, 0.0])
     ap.add_argument("--fast-math", action="store_true")
     ap.add_argument("--demo", action="store_true", help="add the demo model's repeated-code row")
     record.add_json_arg(ap)
