@@ -97,7 +97,7 @@ def test_acceptance_follows_recent_verifications():
     for _ in range(30):
         a.update(8, 8)
     assert a.rate > 0.95
-    for _ in range(10):
+    for _ in range(20):
         a.update(8, 0)
     assert a.rate < 0.2
 

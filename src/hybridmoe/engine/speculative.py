@@ -84,13 +84,13 @@ class StepCosts:
 @dataclass
 class Acceptance:
     """The chance that a drafted token is kept, given the one before it was: kept / (kept +
-    rejections) over the last few drafted tokens' outcomes (each outcome decays the older ones,
-    so a long kept draft cannot outweigh the rejections after it), from an even prior: where
-    tokens are dear the first proposals are only checked (`SequenceDrafts.shadow`), not fed."""
+    rejections) over the last ten or so drafted tokens' outcomes (each outcome decays the older
+    ones, so a long kept draft cannot outweigh the rejections after it), from an even prior:
+    where tokens are dear the first proposals are only checked (`SequenceDrafts.shadow`)."""
 
     kept: float = 1.0
     rejected: float = 1.0
-    DECAY = 0.8  # per token outcome: about the last five count
+    DECAY = 0.9  # per token outcome: about the last ten count
 
     @property
     def rate(self) -> float:
