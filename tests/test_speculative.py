@@ -231,3 +231,39 @@ def test_real_lookup_drafts_from_the_history(tiny_gguf, plain, monkeypatch):
     got, ref = llm.generate(prompt, **kw), plain.generate(prompt, **kw)
     assert got.token_ids == ref.token_ids
     assert got.timings["draft_n"] >= 40  # 8 a step, and 40 tokens take at least 5 steps
+
+
+def test_two_slots_drafting_in_one_step_match_plain_decoding(tiny_gguf, plain, monkeypatch):
+    """Two sequences decode in the same steps, each with its own draft (rows of several entries
+    in one forward): each reply is its plain one, and a third, prompt-processing request shares
+    the steps."""
+    from hybridmoe.engine.engine import Engine, GenerationRequest
+    from hybridmoe.engine.sampling import SamplingParams
+
+    prompts = [PROMPT, PROMPT[::-1] + [9, 9], list(range(200, 260))]
+    params = [SamplingParams(temperature=0.0, max_tokens=90, ignore_eos=True),
+              SamplingParams(temperature=0.7, seed=4, max_tokens=70, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)]
+    refs = [plain.generate(p, max_tokens=s.max_tokens, temperature=s.temperature, seed=s.seed, ignore_eos=True).token_ids
+            for p, s in zip(prompts, params)]
+    rng = random.Random(5)
+
+    def oracle(history, size_n, size_m, min_hits=1):
+        # which request: the one whose prompt starts the history
+        i = next(j for j, p in enumerate(prompts) if history[: len(p)].tolist() == p)
+        g = len(history) - len(prompts[i])
+        draft = [t if rng.random() > 0.2 else (t + 3) % 1000 for t in refs[i][g : g + rng.randint(0, 12)]]
+        return np.array(draft, dtype=np.int32)
+
+    monkeypatch.setattr(speculative, "ngram_draft", oracle)
+    monkeypatch.setattr(speculative, "best_draft_len", _longest_draft)
+    llm = LLM(tiny_gguf, compute=ComputeSettings(threads=1), n_parallel=3)
+    engine = Engine(llm, 3, 512, max_queue=8, speculative=SpeculativeSettings(ngram=True, size_m=12))
+    handles = [engine.submit(GenerationRequest(p, s)) for p, s in zip(prompts, params)]
+    while not all(h.finished for h in handles):
+        engine.step()
+    for h, ref in zip(handles, refs):
+        events = list(h)
+        assert [e.token_id for e in events if e.token_id is not None] == ref
+    assert engine.metrics.n_draft_accepted_total > 50 and engine.metrics.n_drafts_total > 10
+    assert engine.metrics.n_draft_accepted_total < engine.metrics.n_draft_tokens_total

@@ -565,3 +565,24 @@ def test_timings_per_token_in_streams(server):
     deltas = [c for c in sse(server, "/v1/chat/completions", chat)[1:]  # after the role chunk, sent first
               if c != "[DONE]" and c["choices"] and c["choices"][0]["finish_reason"] is None]
     assert deltas and all(c["timings"]["predicted_n"] >= 1 for c in deltas), deltas
+
+
+@pytest.mark.parametrize("n_indent,content", [
+    (4, "a\n    b\n  "),  # the third line has 2 spaces: cut where its text starts
+    (2, "a\n    b\n  c\n"),
+    (0, "a\n    b\n  c\nd"),
+])
+def test_n_indent_ends_the_reply_at_a_line_indented_less(server, n_indent, content):
+    """llama-server's n_indent: every line after the first needs that much leading whitespace;
+    the first that has less ends the reply ("limit") with its text cut off."""
+    grammar = 'root ::= "a\\n    b\\n  c\\nd"'
+    status, body = server.request("POST", "/completion", {"prompt": "x", "grammar": grammar, "n_indent": n_indent,
+                                                          "temperature": 0, "n_predict": 40})
+    assert status == 200, body
+    assert body["content"] == content
+    assert body["stop_type"] == ("limit" if n_indent else "eos")
+
+
+def test_get_on_a_slot_is_not_found(server):
+    status, body = server.request("GET", "/slots/0")
+    assert status == 404 and body["error"]["type"] == "not_found_error"

@@ -92,11 +92,18 @@ class OutputProcessor:
         piece = seq.decoder.push(token)
         seq.held += piece
         seq.saw_newline = seq.saw_newline or "\n" in piece
+        seq.line = piece.rsplit("\n", 1)[1] if "\n" in piece else seq.line + piece
         hit = find_stop(seq.held, req.stop)
         if hit is not None:
             seq.held = seq.held[:hit]
             self._emit(seq, token, lp, final=True)
             return "stop"
+        if req.n_indent > 0 and seq.saw_newline:
+            body = seq.line.lstrip(" \t")  # it began in this piece, else an earlier token had stopped
+            if body and len(seq.line) - len(body) < req.n_indent:
+                seq.held = seq.held[: len(seq.held) - len(body)]
+                self._emit(seq, token, lp, final=True)
+                return "length"
         out_of_time = (req.t_max_predict_ms > 0 and seq.saw_newline
                        and (time.perf_counter() - seq.t_first) * 1e3 > req.t_max_predict_ms)
         if seq.n_generated >= req.params.max_tokens or not room_left or out_of_time:

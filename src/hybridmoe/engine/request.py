@@ -28,6 +28,7 @@ class GenerationRequest:
     post_sampling_probs: bool = False  # logprobs from the sampler chain's final distribution, not the model's
     id_slot: int = -1  # llama-server's id_slot: run in this slot (waiting for it); -1: any
     t_max_predict_ms: int = 0  # llama-server's: end the reply once this long after its first token, past a newline
+    n_indent: int = 0  # llama-server's: end the reply (cut there) at a line, after the first, indented less
     timings_per_token: bool = False  # llama-server's: every token event carries the timings so far
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -91,6 +92,7 @@ class Sequence:
         self.t_start = time.perf_counter()
         self.t_first: float | None = None
         self.saw_newline = False  # the reply has written a newline (t_max_predict_ms waits for one)
+        self.line = ""  # the reply's text since its last newline (n_indent)
 
     @property
     def prompt(self) -> list[int]:

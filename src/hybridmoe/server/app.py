@@ -216,6 +216,10 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(503, "no slot available", type="unavailable_error")
         return info
 
+    @app.get("/slots/{id_slot}", include_in_schema=False)
+    async def slot_get(id_slot: str) -> Any:  # llama-server has no such route: 404, not our 405
+        raise StarletteHTTPException(404, "Not Found")
+
     @app.post("/slots/{id_slot}")
     def slot_action(id_slot: int, action: str = "", body: dict[str, Any] | None = None) -> Any:
         filename = (body or {}).get("filename")

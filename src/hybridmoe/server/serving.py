@@ -343,6 +343,7 @@ class Serving:
             post_sampling_probs=req.post_sampling_probs,
             id_slot=req.id_slot,
             t_max_predict_ms=req.t_max_predict_ms,
+            n_indent=req.n_indent,
             timings_per_token=req.timings_per_token,
         )
         try:
