@@ -30,19 +30,16 @@ def ngram_draft(history: np.ndarray, size_n: int, size_m: int, min_hits: int = 1
     L = len(history)
     if size_n < 1 or L <= size_n:
         return history[:0]
-    key = history[L - size_n:]
-    # Ends of earlier occurrences: positions e < L - 1 with history[e - n + 1 .. e] == key.
-    ends = np.flatnonzero(history[size_n - 1 : L - 1] == key[-1]) + (size_n - 1)
-    hits, first = 0, -1
-    for e in ends[::-1]:  # latest first
-        if np.array_equal(history[e - size_n + 1 : e + 1], key):
-            hits += 1
-            if first < 0:
-                first = int(e)
-            if hits >= min_hits:
-                break
-    if hits < min_hits:
+    # Ends e < L - 1 of earlier occurrences, narrowed one token back at a time (vectorised: a
+    # common last token may occur thousands of times in a long context).
+    ends = np.flatnonzero(history[size_n - 1 : L - 1] == history[L - 1]) + (size_n - 1)
+    for j in range(1, size_n):
+        if not len(ends):
+            break
+        ends = ends[history[ends - j] == history[L - 1 - j]]
+    if len(ends) < min_hits:
         return history[:0]
+    first = int(ends[-1])
     return history[first + 1 : first + 1 + size_m]
 
 
