@@ -195,3 +195,28 @@ def test_refused_requests_name_the_field(scripted_server, body, param, words):
     status, out = scripted_server.request("POST", "/v1/responses", {"model": "tiny-test", "input": "Hi", **body})
     assert status == 400, out
     assert out["error"]["param"] == param and words in out["error"]["message"], out
+
+
+def test_output_text_logprobs_with_the_include(client, scripted_server):
+    """OpenAI's rule: `include: ["message.output_text.logprobs"]` fills the answer's logprobs (one
+    entry per answer token, `top_logprobs` alternatives each); reasoning and markup have none,
+    and `top_logprobs` alone leaves them empty."""
+    inc = ["message.output_text.logprobs"]
+    scripted_server.script(REASONED)
+    r = client.responses.create(model="tiny-test", input="Hi!", max_output_tokens=64, temperature=0,
+                                include=inc, top_logprobs=3)
+    part = r.output[1].content[0]
+    assert part.text == "Hello there!"
+    assert b"".join(bytes(e.bytes) for e in part.logprobs) == b"Hello there!"
+    assert all(len(e.top_logprobs) == 3 and e.logprob <= 0 for e in part.logprobs)
+    assert all(e.token == bytes(e.bytes).decode() for e in part.logprobs)
+    scripted_server.script(REASONED)
+    with client.responses.stream(model="tiny-test", input="Hi!", max_output_tokens=64, include=inc,
+                                 top_logprobs=1) as stream:
+        events = list(stream)
+    streamed = [e for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
+    done = next(ev for ev in events if ev.type == "response.output_text.done")
+    assert [e.token for e in streamed] == [e.token for e in done.logprobs] == [e.token for e in part.logprobs]
+    scripted_server.script(REASONED)
+    plain = client.responses.create(model="tiny-test", input="Hi!", max_output_tokens=64, top_logprobs=3)
+    assert plain.output[1].content[0].logprobs == []

@@ -27,6 +27,7 @@ class ChatView:
         context_ids: the continued message's tokens (continue_final_message): they set the
         parser's state (channel) but are not sent again."""
         self.raw = raw
+        self._tokenizer = tokenizer
         self._parser = None if raw else HarmonyParser(tokenizer)
         # The engine cuts stop strings from its raw text; parsed channels need the same cut.
         self._stop = list(stop)
@@ -34,6 +35,7 @@ class ChatView:
         self._stopped = False
         self.stop_sequence: str | None = None  # the stop string that cut the parsed text, if one did
         self.reasoning_tokens = 0  # generated tokens inside analysis messages (content + end token)
+        self.answer_token = False  # the last pushed token is text of a final-channel message (Responses logprobs)
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._tools: list[dict[str, Any]] = []
@@ -52,15 +54,20 @@ class ChatView:
     def push(self, ev: EngineEvent) -> list[dict[str, Any]]:
         deltas, self._pending = self._pending, []
         if self.raw:
+            self.answer_token = ev.token_id is not None
             if ev.text:
                 self._content.append(ev.text)
                 deltas.append({"content": ev.text})
             return deltas
         ids = [t for t in (ev.token_id, ev.stop_token_id) if t is not None]
+        self.answer_token = False
         for tid in ids:
             header = self._parser.open_header
             if header is not None and header.target == "reasoning":
                 self.reasoning_tokens += 1
+            if tid == ev.token_id:
+                self.answer_token = (header is not None and header.target == "content"
+                                     and not self._tokenizer.is_special(tid))
             for hev in self._parser.push(tid):
                 deltas += self._on_harmony(hev)
         if ev.finish_reason is not None:

@@ -8,7 +8,7 @@ the kind of text changes or a tool call starts, and the previous one closes.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridmoe.engine.engine import EngineEvent
@@ -24,6 +24,7 @@ class Block:
     text: str = ""  # reasoning or answer text; a call's arguments (JSON text)
     name: str = ""  # call: the function's name
     call_id: str = ""  # call: the id the client's tool result refers to
+    logprobs: list[Any] = field(default_factory=list)  # text: its tokens' TokenLogprobs, when asked for
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class BlockEvent:
     kind: Literal["open", "delta", "close"]
     block: Block
     text: str = ""  # delta only
+    logprobs: tuple[Any, ...] = ()  # delta of a text block: the TokenLogprobs of the tokens it adds
 
 
 class BlockFolder:
@@ -48,15 +50,21 @@ class BlockFolder:
         async for ev in events:
             if ev.token_id is not None:
                 self.token_ids.append(ev.token_id)
-            for bev in self.feed(self.view.push(ev)):
+            deltas = self.view.push(ev)
+            answer_lp = ev.logprob if self.view.answer_token else None
+            for bev in self.feed(deltas, answer_lp):
                 yield bev
             if ev.finish_reason is not None:
                 self.final = ev
                 for bev in self.close():
                     yield bev
 
-    def feed(self, deltas: list[dict[str, Any]]) -> list[BlockEvent]:
+    def feed(self, deltas: list[dict[str, Any]], answer_lp: Any = None) -> list[BlockEvent]:
+        """`answer_lp`: the logprobs of the event's token when it is answer text; they go with the
+        text block (held-back text comes later, so the token may come before its text)."""
         out: list[BlockEvent] = []
+        if answer_lp is not None and (self._open is None or self._open.kind != "text"):
+            out += self._start("text")
         for d in deltas:
             for call in d.get("tool_calls") or ():
                 fn = call.get("function") or {}
@@ -69,6 +77,15 @@ class BlockFolder:
                     if self._open is None or self._open.kind != kind:
                         out += self._start(kind)
                     out += self._append(d[key])
+        if answer_lp is not None:  # on this event's text delta, or alone when its text is held back
+            block = self._open
+            assert block is not None and block.kind == "text"
+            block.logprobs.append(answer_lp)
+            last = out[-1] if out else None
+            if last is not None and last.kind == "delta" and last.block is block:
+                out[-1] = BlockEvent("delta", block, last.text, (answer_lp,))
+            else:
+                out.append(BlockEvent("delta", block, "", (answer_lp,)))
         return out
 
     def close(self) -> list[BlockEvent]:

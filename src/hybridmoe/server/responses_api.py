@@ -185,7 +185,13 @@ class ResponsesRequest(Lenient):
     background: bool = False
     metadata: dict[str, str] | None = None
     user: str | None = None
-    include: list[str] | None = None  # "reasoning.encrypted_content": reasoning items carry their text
+    include: list[str] | None = None  # "reasoning.encrypted_content", "message.output_text.logprobs"
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)  # with the logprobs include: alternatives per token
+
+    def wants_logprobs(self) -> bool:
+        """OpenAI's rule: output_text parts carry logprobs only with this include (top_logprobs
+        alone leaves them empty)."""
+        return "message.output_text.logprobs" in (self.include or ())
 
     @field_validator("input")
     @classmethod
@@ -340,6 +346,7 @@ def _chat_request(req: ResponsesRequest, history: list[InputItem]) -> ChatComple
             model=req.model, messages=messages, max_tokens=req.max_output_tokens, temperature=req.temperature,
             top_p=req.top_p, tools=tools, tool_choice=choice, reasoning_effort=req.effort(),
             reasoning_format="auto", response_format=response_format,
+            logprobs=req.wants_logprobs(), top_logprobs=req.top_logprobs if req.wants_logprobs() else None,
         )
     except ValidationError as e:  # tool_choice naming an unknown function, a schema the sampler cannot enforce
         msg = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
@@ -384,6 +391,7 @@ class _Run:
         self.status = "in_progress"
         self.failed: str | None = None
         self._seq = 0
+        self._held_lp: list[dict[str, Any]] = []  # answer tokens' logprobs whose text has not come yet
 
     async def sse(self, handle: Any) -> AsyncIterator[str]:
         try:
@@ -434,8 +442,12 @@ class _Run:
             if b.kind == "reasoning":
                 return [self._event("response.reasoning_text.delta", item_id=item_id, output_index=pos,
                                     content_index=0, delta=bev.text)]
+            self._held_lp += [self._logprob(lp) for lp in bev.logprobs]
+            if not bev.text:
+                return []
+            lps, self._held_lp = self._held_lp, []
             return [self._event("response.output_text.delta", item_id=item_id, output_index=pos, content_index=0,
-                                delta=bev.text, logprobs=[])]
+                                delta=bev.text, logprobs=lps)]
         # close: the last item is cut short when the token limit ended the reply
         final = self.folder.final
         status = "incomplete" if final is not None and final.finish_reason == "length" else "completed"
@@ -447,11 +459,12 @@ class _Run:
             out = [self._event("response.reasoning_text.done", item_id=item_id, output_index=pos, content_index=0,
                                text=b.text)]
         else:
+            self._held_lp = []
             out = [self._event("response.output_text.done", item_id=item_id, output_index=pos, content_index=0,
-                               text=b.text, logprobs=[])]
+                               text=b.text, logprobs=self._logprobs(b))]
         if b.kind != "call":
             out.append(self._event("response.content_part.done", item_id=item_id, output_index=pos, content_index=0,
-                                   part=self._part(b.kind, b.text)))
+                                   part=self._part(b.kind, b.text, self._logprobs(b))))
         return out + [self._event("response.output_item.done", output_index=pos, item=item)]
 
     def _item(self, b: Block, status: str) -> dict[str, Any]:
@@ -468,13 +481,22 @@ class _Run:
                 item["encrypted_content"] = carry_reasoning(b.text) if done else ""
             return item
         return {"id": f"msg_{suffix}", "type": "message", "role": "assistant", "status": status,
-                "content": [self._part("text", b.text)] if done else []}
+                "content": [self._part("text", b.text, self._logprobs(b))] if done else []}
 
     @staticmethod
-    def _part(kind: str, text: str) -> dict[str, Any]:
+    def _part(kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         if kind == "reasoning":
             return {"type": "reasoning_text", "text": text}
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+    def _logprobs(self, b: Block) -> list[dict[str, Any]]:
+        return [self._logprob(lp) for lp in b.logprobs]
+
+    def _logprob(self, lp: Any) -> dict[str, Any]:
+        """OpenAI's Responses entry: token, logprob, bytes, top_logprobs (no llama-server id)."""
+        e = self.serving.logprob_entry(lp)
+        keys = ("token", "logprob", "bytes")
+        return {**{k: e[k] for k in keys}, "top_logprobs": [{k: t[k] for k in keys} for t in e["top_logprobs"]]}
 
     def response(self) -> dict[str, Any]:
         """The response object as it stands (the stream's snapshots, and the non-streamed answer)."""

@@ -372,7 +372,7 @@ class Serving:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
         }
 
-    def _logprob_entry(self, lp: Any) -> dict[str, Any]:
+    def logprob_entry(self, lp: Any) -> dict[str, Any]:
         def one(tid: int, val: float) -> dict[str, Any]:
             b = self.tokenizer.token_bytes(tid)
             # `id`: llama-server's addition to OpenAI's entry
@@ -451,7 +451,7 @@ class Serving:
                 view.push(ev)
                 c.push(ev)
                 if ev.logprob is not None:
-                    logprobs.append(self._logprob_entry(ev.logprob))
+                    logprobs.append(self.logprob_entry(ev.logprob))
             return c, logprobs
 
         results = await asyncio.gather(*(one(h, v) for h, v in zip(handles, views)))
@@ -495,7 +495,7 @@ class Serving:
                 continue
             view = views[i]
             collected[i].push(ev)
-            lp = {"content": [self._logprob_entry(ev.logprob)]} if ev.logprob is not None else None
+            lp = {"content": [self.logprob_entry(ev.logprob)]} if ev.logprob is not None else None
             deltas = view.push(ev)
             per_token = ev.timings and handles[i].request.timings_per_token
             live = {"timings": llama_timings(ev.timings)} if per_token else {}
@@ -552,7 +552,7 @@ class Serving:
             "tokens": [piece(lp.token) for lp in lps],
             "token_logprobs": [lp.logprob for lp in lps],
             "top_logprobs": [{piece(t): v for t, v in lp.top} for lp in lps],
-            "content": [self._logprob_entry(lp) for lp in lps],
+            "content": [self.logprob_entry(lp) for lp in lps],
         }
 
     async def _completion_full(self, handles: list[RequestHandle], head: dict[str, Any],
