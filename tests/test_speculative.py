@@ -92,6 +92,13 @@ def test_no_draft_when_tokens_cost_their_full_price():
     assert best_draft_len(0.9, StepCosts(), 1, 64) == 0  # nothing measured yet
 
 
+def test_a_step_other_streams_wait_on_is_not_stretched_past_the_cap():
+    costs = _costs({4: 0.3, 52: 2.2})  # 4 streams; 48 more tokens cost 7x the step
+    free = best_draft_len(0.99, costs, 4, 48)  # what the aggregate alone would choose
+    k = best_draft_len(0.99, costs, 4, 48, max_seconds=0.6)
+    assert 0 < k < free and costs.estimate(4 + k) <= 0.6 < costs.estimate(5 + k)
+
+
 def test_acceptance_follows_recent_verifications():
     a = Acceptance()
     for _ in range(30):
@@ -163,7 +170,7 @@ class Oracle:
         return np.array(draft, dtype=np.int32)
 
 
-def _longest_draft(rate, costs, base_tokens, max_len):
+def _longest_draft(rate, costs, base_tokens, max_len, max_seconds=None):
     return max_len  # every proposed token is fed: the verification is what these tests check
 
 
@@ -267,3 +274,30 @@ def test_two_slots_drafting_in_one_step_match_plain_decoding(tiny_gguf, plain, m
         assert [e.token_id for e in events if e.token_id is not None] == ref
     assert engine.metrics.n_draft_accepted_total > 50 and engine.metrics.n_drafts_total > 10
     assert engine.metrics.n_draft_accepted_total < engine.metrics.n_draft_tokens_total
+
+
+def test_drafts_are_capped_only_while_other_streams_share_the_step(tiny_gguf, monkeypatch):
+    from hybridmoe.engine.engine import Engine, GenerationRequest
+    from hybridmoe.engine.sampling import SamplingParams
+
+    caps: list[tuple[int, float | None]] = []
+
+    def recorder(rate, costs, base_tokens, max_len, max_seconds=None):
+        caps.append((base_tokens, max_seconds))
+        return 0
+
+    monkeypatch.setattr(speculative, "ngram_draft", lambda h, n, m, k=1: h[-3:])  # always a proposal
+    monkeypatch.setattr(speculative, "best_draft_len", recorder)
+    llm = LLM(tiny_gguf, compute=ComputeSettings(threads=1), n_parallel=2)
+    engine = Engine(llm, 2, 256, max_queue=4, speculative=SpeculativeSettings(ngram=True))
+    alone = engine.submit(GenerationRequest(PROMPT, SamplingParams(temperature=0.0, max_tokens=6)))
+    while not alone.finished:
+        engine.step()
+    assert caps and all(cap is None for base, cap in caps if base == 1)
+    caps.clear()
+    both = [engine.submit(GenerationRequest(p, SamplingParams(temperature=0.0, max_tokens=6)))
+            for p in (PROMPT, PROMPT[:-1])]
+    while not all(h.finished for h in both):
+        engine.step()
+    shared = [cap for base, cap in caps if base >= 2]
+    assert shared and all(cap is not None and cap > 0 for cap in shared)

@@ -23,7 +23,7 @@ from hybridmoe.engine.output import Metrics, OutputProcessor, find_stop, safe_pr
 from hybridmoe.engine.request import EngineEvent, GenerationRequest, ModelInfo, Sequence, Usage
 from hybridmoe.engine.runner import ModelRunner
 from hybridmoe.engine.scheduler import Admission, CacheConfig, Scheduler
-from hybridmoe.engine.speculative import SequenceDrafts, SpeculativeSettings, StepCosts
+from hybridmoe.engine.speculative import SHARED_STEP_STRETCH, SequenceDrafts, SpeculativeSettings, StepCosts
 
 __all__ = [
     "CacheConfig", "Engine", "EngineClosedError", "EngineEvent", "GenerationRequest", "Metrics", "ModelInfo",
@@ -404,10 +404,12 @@ class Engine:
         running = self.scheduler.running()
         decoding = [s for s in running if not s.pending and s.next_token is not None]
         base = len(decoding) + min(self.batch_size, sum(len(s.pending) for s in running))
+        shared = base > 1 and self.step_costs.known()  # others wait for this step: bound its stretch
+        cap = SHARED_STEP_STRETCH * self.step_costs.estimate(base) if shared else None
         for seq in decoding:
             left = seq.request.params.max_tokens - seq.n_generated - 1  # the sampled token is counted
             room = min(self.scheduler.draft_room(seq, self.ctx_size_per_slot), left)
-            base += len(seq.drafts.propose(self.step_costs, base, room))
+            base += len(seq.drafts.propose(self.step_costs, base, room, cap))
 
     def _verify(self, seq: Sequence, rows: Any, toks: list[int]) -> None:
         """Sample each position of a step that fed a draft; keep the draft while the sampler draws

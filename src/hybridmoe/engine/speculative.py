@@ -21,7 +21,12 @@ import numpy as np
 
 from hybridmoe.settings.speculative import SpeculativeSettings
 
-__all__ = ["Acceptance", "SequenceDrafts", "SpeculativeSettings", "StepCosts", "best_draft_len", "ngram_draft"]
+__all__ = ["SHARED_STEP_STRETCH", "Acceptance", "SequenceDrafts", "SpeculativeSettings", "StepCosts", "best_draft_len",
+           "ngram_draft"]
+
+# With other streams in the step, drafts may stretch it at most this much: they wait for every
+# step, so one stream's long draft must not stall them (llama-server drafts regardless).
+SHARED_STEP_STRETCH = 2.0
 
 
 def ngram_draft(history: np.ndarray, size_n: int, size_m: int, min_hits: int = 1) -> np.ndarray:
@@ -61,10 +66,11 @@ class StepCosts:
         self._t[n_tokens] = seconds if old is None else self.DECAY * old + (1 - self.DECAY) * seconds
 
     def known(self) -> bool:
-        return 1 in self._t
+        return bool(self._t)
 
     def estimate(self, n_tokens: int) -> float:
-        """Seconds for a step of `n_tokens` (needs a measured one-token step: `known()`)."""
+        """Seconds for a step of `n_tokens` (needs a measured step: `known()`). Below the smallest
+        measured count the cost is taken as proportional, which never favours a draft."""
         if n_tokens in self._t:
             return self._t[n_tokens]
         keys = sorted(self._t)
@@ -100,10 +106,11 @@ class Acceptance:
             self.kept, self.rejected = self.DECAY * self.kept, self.DECAY * self.rejected + 1.0
 
 
-def best_draft_len(rate: float, costs: StepCosts, base_tokens: int, max_len: int) -> int:
+def best_draft_len(rate: float, costs: StepCosts, base_tokens: int, max_len: int,
+                   max_seconds: float | None = None) -> int:
     """The draft length k <= max_len that maximises expected tokens per second of a step that
     already holds `base_tokens` tokens: (base + rate + ... + rate^k) / cost(base + k); 0 when no
-    draft beats none."""
+    draft beats none. `max_seconds`: no step may be estimated longer (other streams wait on it)."""
     if max_len <= 0 or not costs.known() or rate <= 0:
         return 0
     best_k, best = 0, base_tokens / costs.estimate(base_tokens)
@@ -112,7 +119,10 @@ def best_draft_len(rate: float, costs: StepCosts, base_tokens: int, max_len: int
     for k in range(1, max_len + 1):
         p *= rate
         expected += p
-        value = expected / costs.estimate(base_tokens + k)
+        cost = costs.estimate(base_tokens + k)
+        if max_seconds is not None and cost > max_seconds:
+            break
+        value = expected / cost
         if value > best:
             best_k, best = k, value
     return best_k
@@ -155,14 +165,15 @@ class SequenceDrafts:
         self.acceptance.update(1, 1 if hit else 0)
         self.shadow = self.shadow[1:] if hit else []
 
-    def propose(self, costs: StepCosts, base_tokens: int, max_len: int) -> list[int]:
-        """Set and return the draft for the next step (at most `max_len` tokens)."""
+    def propose(self, costs: StepCosts, base_tokens: int, max_len: int, max_seconds: float | None = None) -> list[int]:
+        """Set and return the draft for the next step (at most `max_len` tokens, and a step
+        estimated to last at most `max_seconds`)."""
         s = self.settings
         self.draft = []
         if max_len <= 0:
             return self.draft
         found = ngram_draft(self.tokens[: self.n_tokens], s.size_n, s.size_m, s.min_hits)
-        k = best_draft_len(self.acceptance.rate, costs, base_tokens, min(max_len, len(found)))
+        k = best_draft_len(self.acceptance.rate, costs, base_tokens, min(max_len, len(found)), max_seconds)
         self.draft = found[:k].tolist()
         if k:
             self.shadow = []
