@@ -269,3 +269,9 @@ def test_llama_servers_other_spec_flags_are_set_aside():
                                "ngram-mod", "--spec-draft-cpu-moe"])
     assert kept == ["--spec-type", "ngram-mod"]
     assert foreign == ["--spec-draft-n-max", "16", "--spec-ngram-mod-n-match", "24", "--spec-draft-cpu-moe"]
+
+
+def test_reasoning_budget_flags_are_ours():
+    args = parse("serve", ["--reasoning-budget", "128", "--reasoning-budget-message", "Time to answer."])
+    assert (args.reasoning_budget, args.reasoning_budget_message) == (128, "Time to answer.")
+    assert "--reasoning-budget" not in LLAMA_SERVER_ONLY_FLAGS

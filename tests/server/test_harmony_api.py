@@ -315,3 +315,36 @@ def test_required_tool_call_names_a_declared_function(client):
             assert json.loads(call.function.arguments) in ({"unit": "C"}, {"unit": "F"})
             done += 1
     assert done >= 1, done
+
+
+@pytest.mark.parametrize("budget", [3, 0])
+def test_reasoning_budget_closes_the_analysis(server, budget):
+    """llama-server's reasoning_budget_tokens: after that many analysis tokens the budget message
+    and <|end|> are written for the model (the analysis opening is scripted; the rest sampled)."""
+    server.script("<|channel|>analysis<|message|>")
+    status, r = server.request("POST", "/v1/chat/completions", {
+        "messages": USER, "max_tokens": 24, "temperature": 0, "logprobs": True,
+        "reasoning_budget_tokens": budget, "reasoning_budget_message": " Enough."})
+    assert status == 200, r
+    tokens = [e["token"] for e in r["choices"][0]["logprobs"]["content"]]
+    opened = tokens.index("<|message|>") + 1
+    _, forced = server.request("POST", "/tokenize", {"content": " Enough.<|end|>", "with_pieces": True})
+    pieces = [p["piece"] for p in forced["tokens"]]
+    assert tokens[opened + budget : opened + budget + len(pieces)] == pieces
+    assert "<|end|>" not in tokens[opened : opened + budget]
+
+
+def test_messages_thinking_budget_is_held(server):
+    """Anthropic's thinking.budget_tokens becomes the reasoning budget: the thinking block is what a
+    chat request with that budget (and the effort it maps to) thinks."""
+    server.script("<|channel|>analysis<|message|>")
+    _, chat = server.request("POST", "/v1/chat/completions", {
+        "messages": USER, "max_tokens": 40, "temperature": 0, "reasoning_format": "auto",
+        "reasoning_effort": "low", "reasoning_budget_tokens": 2})
+    server.script("<|channel|>analysis<|message|>")
+    status, r = server.request("POST", "/v1/messages", {
+        "max_tokens": 40, "temperature": 0, "messages": USER,
+        "thinking": {"type": "enabled", "budget_tokens": 2}})
+    assert status == 200, r
+    thinking = [b["thinking"] for b in r["content"] if b["type"] == "thinking"]
+    assert thinking == [chat["choices"][0]["message"]["reasoning_content"]]

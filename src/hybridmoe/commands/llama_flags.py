@@ -39,7 +39,7 @@ _ONE_VALUE = """
 -gan --grp-attn-n -gaw --grp-attn-w --keep --grammar --grammar-file -j --json-schema
 -jf --json-schema-file
 --path --api-prefix --ssl-key-file --ssl-cert-file --log-file --log-colors -lv --verbosity
---log-verbosity --reasoning-budget -sps --slot-prompt-similarity --media-path --models-dir
+--log-verbosity -sps --slot-prompt-similarity --media-path --models-dir
 --models-max --models-preset --webui-config --webui-config-file --image-min-tokens
 --image-max-tokens --fit-target -fitt --fit-ctx -fitc --pooling -r --reverse-prompt
 --n-probs --cache-type-k-draft --chat-template-file-draft

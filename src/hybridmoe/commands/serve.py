@@ -101,6 +101,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
       help="reasoning in chats: on, off (harmony replies skip the analysis channel) or auto; the "
            "template's enable_thinking")
     a("--chat-template-kwargs", type=_json_object, default=None)
+    a("--reasoning-budget", type=int, default=-1, metavar="N",
+      help="thinking tokens per reply: -1 no limit, 0 end at once, N then the end is written for the model")
+    a("--reasoning-budget-message", default="", metavar="MESSAGE",
+      help="written before the end of the thinking when the budget is spent")
     a("--mlock", action="store_true", help="pin the mapped weights in RAM")
     a("--no-mmap", action="store_true")
     a("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore files")
@@ -222,6 +226,8 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
             n_predict=s.sampling.n_predict,
             verbose=args.verbose,
             slot_save_path=args.slot_save_path,
+            reasoning_budget=args.reasoning_budget,
+            reasoning_budget_message=args.reasoning_budget_message,
         )
         state.serving = Serving(engine, config)
         log.info("model loaded: %s (%d slots x %d tokens of context)", path, n_parallel, per_slot)

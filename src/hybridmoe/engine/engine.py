@@ -441,12 +441,15 @@ class Engine:
     def _on_logits(self, seq: Sequence, row: Any, room_left: bool, proposed: int | None = None) -> int | None:
         """Sample the next token (`proposed`: the draft's token for this position); returns it, or
         None when the request ended (or failed) with it."""
+        forced = seq.budget.next_forced() if seq.budget is not None else None
         try:
-            token, lp = self.runner.sample(seq, row)
+            token, lp = self.runner.sample(seq, row) if forced is None else self.runner.force(seq, row, forced)
         except Exception as e:  # a constraint with nothing left to allow, odd settings: this request only
             log.exception("sampling failed for request %s", seq.request.request_id)
             self._finish(seq, "error", error=f"sampling: {e}")
             return None
+        if seq.budget is not None:
+            seq.budget.seen(token)
         if seq.drafts is not None:
             seq.drafts.sampled(token)
             if token == proposed:  # counted before the output can end the request and report it

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hybridmoe.engine.constraints import ConstraintSpec, ToolCallSpecs
     from hybridmoe.engine.dry import Breakers
+    from hybridmoe.engine.reasoning_budget import ReasoningBudget
     from hybridmoe.engine.sampling import SamplingParams, TokenLogprobs
 
 
@@ -29,6 +30,7 @@ class GenerationRequest:
     id_slot: int = -1  # llama-server's id_slot: run in this slot (waiting for it); -1: any
     t_max_predict_ms: int = 0  # llama-server's: end the reply once this long after its first token, past a newline
     n_indent: int = 0  # llama-server's: end the reply (cut there) at a line, after the first, indented less
+    reasoning_budget: ReasoningBudget | None = None  # llama-server's: thinking tokens allowed, then forced closed
     timings_per_token: bool = False  # llama-server's: every token event carries the timings so far
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -87,6 +89,7 @@ class Sequence:
         self.constraint: Any = None  # engine.constraints.GrammarConstraint or None
         self.stop_ids: frozenset[int] = frozenset()
         self.drafts: Any = None  # engine.speculative.SequenceDrafts when speculative decoding is on
+        self.budget: Any = None  # engine.reasoning_budget.BudgetState when the request has a reasoning budget
         self.decoder: Any = None  # tokenizer.IncrementalDecoder, set by the output processor
         self.held = ""  # decoded text not yet emitted (stop-string hold-back)
         self.t_start = time.perf_counter()

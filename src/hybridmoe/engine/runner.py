@@ -12,6 +12,7 @@ import torch
 
 from hybridmoe.engine.constraints import LazyToolCalls, make_constraint, token_table
 from hybridmoe.engine.dry import Breakers, tokenizer_breakers
+from hybridmoe.engine.reasoning_budget import BudgetState
 from hybridmoe.engine.request import Sequence
 from hybridmoe.engine.sampling import Sampler, SamplingParams, TokenLogprobs
 from hybridmoe.engine.scheduler import Admission, StepPlan
@@ -74,6 +75,8 @@ class ModelRunner:
             seq.constraint = make_constraint(req.constraint, token_table(self.tokenizer), seq.stop_ids)
         elif req.tool_calls is not None:
             seq.constraint = LazyToolCalls(req.tool_calls, token_table(self.tokenizer), self.tokenizer.token_bytes)
+        if req.reasoning_budget is not None:
+            seq.budget = BudgetState(req.reasoning_budget, req.prompt_ids)
 
     def _dry_breakers(self, params: SamplingParams) -> Breakers | None:
         """DRY's sequence breakers as tokens, when DRY is on and the request came without them
@@ -104,6 +107,15 @@ class ModelRunner:
             lp = (seq.sampler.post_logprobs(token, req.logprobs) if req.post_sampling_probs
                   else Sampler.logprobs(row, token, req.logprobs))
         return token, lp
+
+    def force(self, seq: Sequence, row: torch.Tensor, token: int) -> tuple[int, TokenLogprobs | None]:
+        """Write `token` instead of sampling (a spent reasoning budget): the sampler's history and
+        the constraint take it as if drawn; logprobs are the model's."""
+        seq.sampler.accept(token)
+        if seq.constraint is not None:
+            seq.constraint.advance(token)
+        k = seq.request.logprobs
+        return token, (Sampler.logprobs(row, token, k) if k is not None else None)
 
     def cache_length(self, slot_id: int) -> int:
         return self.cache(slot_id).length

@@ -114,6 +114,11 @@ class ThinkingConfig(Lenient):
             return None
         return "low" if self.budget_tokens <= 4096 else "medium" if self.budget_tokens <= 16384 else "high"
 
+    def budget(self) -> int:
+        """The thinking tokens allowed: `budget_tokens` when enabled (held to it, as the server's
+        reasoning budget does), else -1 (the server's default)."""
+        return self.budget_tokens if self.type == "enabled" and self.budget_tokens is not None else -1
+
 
 class ToolChoiceIn(Lenient):
     type: Literal["auto", "any", "tool", "none"]
@@ -222,6 +227,7 @@ def _chat_request(req: MessagesInput, max_tokens: int | None) -> ChatCompletionR
             model=req.model, messages=to_messages(req), max_tokens=max_tokens, temperature=req.temperature,
             top_p=req.top_p, top_k=req.top_k, tools=tools, tool_choice=choice,
             reasoning_effort=req.thinking.effort() if req.thinking else None, reasoning_format="auto",
+            reasoning_budget_tokens=req.thinking.budget() if req.thinking else -1,
         )
     except ValidationError as e:  # a tool_choice naming a function that is not in `tools`
         raise bad_request(str(e.errors()[0]["msg"]).removeprefix("Value error, "), param="tool_choice") from None

@@ -228,6 +228,10 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     n_probs: int | None = Field(default=None, ge=0, le=100)  # llama-server: logprobs with this many alternatives
     reasoning_effort: Literal["none", "low", "medium", "high"] | None = None  # "none": reasoning off
+    # llama-server: thinking tokens allowed (-1: the server's --reasoning-budget), then the message
+    # and the end of the thinking are written for the model
+    reasoning_budget_tokens: int = Field(default=-1, ge=-1)
+    reasoning_budget_message: str | None = Field(default=None, max_length=4096)
     reasoning_format: Literal["none", "auto", "deepseek"] | None = None  # llama-server extra
     add_generation_prompt: bool = True  # llama-server extras: see server/chat_checks.py
     continue_final_message: bool | None = None

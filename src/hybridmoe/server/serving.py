@@ -28,6 +28,7 @@ from hybridmoe.engine.constraints import (
 )
 from hybridmoe.engine.dry import Breakers, tokenizer_breakers
 from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
+from hybridmoe.engine.reasoning_budget import ReasoningBudget
 from hybridmoe.engine.sampling import SamplingParams
 from hybridmoe.server.chat_checks import check_messages
 from hybridmoe.server.chat_render import ChatRenderer, Rendered
@@ -73,6 +74,8 @@ class ServingConfig:
     n_predict: int = -1  # -n: token limit of requests that give none (-1: the context)
     verbose: bool = False  # --verbose: responses carry llama-server's `__verbose` (native result)
     slot_save_path: str | None = None  # --slot-save-path: directory of slot state files
+    reasoning_budget: int = -1  # --reasoning-budget: thinking tokens per reply (-1: no limit)
+    reasoning_budget_message: str = ""  # --reasoning-budget-message: written before the forced end
 
     def aliases(self) -> list[str]:
         """llama-server keeps aliases in a sorted set; the first is the model id."""
@@ -305,15 +308,15 @@ class Serving:
         return ToolCallSpecs(specs, *marks, header=header, names=name_spec)
 
     def submit_n(self, prompt_ids: list[int], req: SamplingFields, limit: int | None, logprobs_k: int | None,
-                 n: int = 1, constraint: ConstraintSpec | None = None,
-                 tool_calls: ToolCallSpecs | None = None, dry: Breakers | None = None) -> list[RequestHandle]:
+                 n: int = 1, constraint: ConstraintSpec | None = None, tool_calls: ToolCallSpecs | None = None,
+                 dry: Breakers | None = None, budget: ReasoningBudget | None = None) -> list[RequestHandle]:
         """`n` requests for one prompt (n > 1: llama-server's n_cmpl, one slot each); all or none.
-        `dry`: the request's DRY breakers (`_dry_breakers`)."""
+        `dry`: the request's DRY breakers (`_dry_breakers`); `budget`: its reasoning budget (chat)."""
         self.check_n(n)
         handles: list[RequestHandle] = []
         try:
             for _ in range(n):
-                handles.append(self._submit(prompt_ids, req, limit, logprobs_k, constraint, tool_calls, dry))
+                handles.append(self._submit(prompt_ids, req, limit, logprobs_k, constraint, tool_calls, dry, budget))
         except APIError:
             for h in handles:
                 h.cancel()
@@ -322,7 +325,7 @@ class Serving:
 
     def _submit(self, prompt_ids: list[int], req: SamplingFields, limit: int | None, logprobs_k: int | None,
                 constraint: ConstraintSpec | None = None, tool_calls: ToolCallSpecs | None = None,
-                dry: Breakers | None = None) -> RequestHandle:
+                dry: Breakers | None = None, budget: ReasoningBudget | None = None) -> RequestHandle:
         n, ctx = len(prompt_ids), self.engine.ctx_size_per_slot
         if not -1 <= req.id_slot < self.engine.n_parallel:
             raise bad_request(f"id_slot must be -1 (any) or a slot id 0..{self.engine.n_parallel - 1}, "
@@ -344,6 +347,7 @@ class Serving:
             id_slot=req.id_slot,
             t_max_predict_ms=req.t_max_predict_ms,
             n_indent=req.n_indent,
+            reasoning_budget=budget,
             timings_per_token=req.timings_per_token,
         )
         try:
@@ -439,9 +443,24 @@ class Serving:
                  for _ in range(n)]
         tool_calls = await self._tool_calls(req, ids) if constraint is None else None
         ids = ids + prefix
+        budget = self._reasoning_budget(req)
         # Last: nothing may fail after the submit.
         dry = await self._dry_breakers(req)
-        return self.submit_n(ids, req, req.token_limit(), k, n, constraint, tool_calls, dry), views
+        return self.submit_n(ids, req, req.token_limit(), k, n, constraint, tool_calls, dry, budget), views
+
+    def _reasoning_budget(self, req: ChatCompletionRequest) -> ReasoningBudget | None:
+        """llama-server's reasoning budget on a harmony model: the analysis channel's tokens, then
+        the budget message and `<|end|>` written for the model (None: no limit)."""
+        tokens = req.reasoning_budget_tokens if req.reasoning_budget_tokens >= 0 else self.config.reasoning_budget
+        tok = self.tokenizer
+        if tokens < 0 or tok.token_id("<|channel|>") is None or tok.token_id("<|end|>") is None:
+            return None
+        message = req.reasoning_budget_message
+        message = self.config.reasoning_budget_message if message is None else message
+        end = (tok.token_id("<|end|>"),)
+        forced = tuple(tok.encode(message, allow_special=False)) + end if message else end
+        return ReasoningBudget(tuple(tok.encode("<|channel|>analysis<|message|>", allow_special=True)), end, forced,
+                               tokens)
 
     async def _chat_full(self, handles: list[RequestHandle], views: list[ChatView], head: dict[str, Any],
                          disconnected: Disconnected | None) -> dict[str, Any]:

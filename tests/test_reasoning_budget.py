@@ -1,0 +1,82 @@
+"""The reasoning budget: its state machine on token sequences, and the engine writing the forced
+close on a real model (the thinking's opening is scripted: a random model writes no harmony)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridmoe.engine.reasoning_budget import BudgetState, ReasoningBudget
+
+START, END = (1, 2, 3), (9,)
+BUDGET = ReasoningBudget(START, END, (7, 8) + END, 3)
+
+
+def run(state: BudgetState, sampled: list[int]) -> list[int]:
+    """The reply the state makes of these sampled tokens (forced ones take a sample's place)."""
+    out, it = [], iter(sampled)
+    while True:
+        t = state.next_forced()
+        if t is None:
+            t = next(it, None)
+            if t is None:
+                return out
+        state.seen(t)
+        out.append(t)
+
+
+def test_thinking_past_the_budget_is_closed_with_the_message():
+    assert run(BudgetState(BUDGET, [0, 0]), [1, 2, 3, 4, 5, 6, 50, 51]) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 50, 51]
+
+
+def test_thinking_that_ends_in_time_is_left_alone():
+    s = BudgetState(BUDGET, [0])
+    assert run(s, [1, 2, 3, 4, 9, 50]) == [1, 2, 3, 4, 9, 50] and s.used == 1 and not s.inside
+
+
+def test_the_budget_covers_the_whole_reply():
+    # two tokens in the first section, one left: the second section gets one token, then is closed;
+    # a third is closed as it opens
+    reply = run(BudgetState(BUDGET, []), [1, 2, 3, 4, 5, 9, 1, 2, 3, 6, 7, 1, 2, 3, 60])
+    assert reply == [1, 2, 3, 4, 5, 9, 1, 2, 3, 6, 7, 8, 9, 7, 1, 2, 3, 7, 8, 9, 60]
+
+
+def test_a_prompt_ending_inside_thinking_counts_from_the_reply():
+    assert run(BudgetState(BUDGET, [0, 1, 2, 3]), [4, 5, 6, 50]) == [4, 5, 6, 7, 8, 9, 50]
+    zero = ReasoningBudget(START, END, END, 0)
+    assert run(BudgetState(zero, [1, 2, 3]), [4, 50]) == [9, 4, 50]
+
+
+def test_sampled_tokens_after_the_close_are_not_counted():
+    s = BudgetState(BUDGET, [])
+    run(s, [1, 2, 3, 4, 5, 6, 50, 51, 52, 53])
+    assert s.used == 3 and not s.inside and s.next_forced() is None
+
+
+def test_bad_budgets_are_refused():
+    with pytest.raises(ValueError):
+        ReasoningBudget(START, END, (7, 8), 3)  # forced tokens must end with the end tag
+    with pytest.raises(ValueError):
+        ReasoningBudget(START, END, END, -1)
+
+
+def test_the_engine_writes_the_close_on_a_real_model(tiny_llm, monkeypatch):
+    from hybridmoe.engine.engine import Engine, GenerationRequest
+    from hybridmoe.engine.sampling import SamplingParams
+    from tests.server.scripted_serve import script_request, scripted_sampling
+
+    scripted_sampling(monkeypatch)
+    def enc(text: str) -> tuple[int, ...]:
+        return tuple(tiny_llm.tokenizer.encode(text, allow_special=True))
+
+    start, end = enc("<|channel|>analysis<|message|>"), enc("<|end|>")
+    forced = enc(" Enough thinking.") + end
+    prompt = tiny_llm.tokenizer.encode("<|start|>user<|message|>Hi<|end|><|start|>assistant", allow_special=True)
+    engine = Engine(tiny_llm, 1, 256, max_queue=2)
+    for budget in (5, 0):
+        req = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=40),
+                                reasoning_budget=ReasoningBudget(start, end, forced, budget))
+        script_request(req.request_id, start)
+        ids = [e.token_id for e in engine.run(req) if e.token_id is not None]
+        n = len(start) + budget
+        assert ids[:len(start)] == list(start) and end[0] not in ids[len(start):n]
+        assert ids[n : n + len(forced)] == list(forced)
