@@ -275,3 +275,8 @@ def test_reasoning_budget_flags_are_ours():
     args = parse("serve", ["--reasoning-budget", "128", "--reasoning-budget-message", "Time to answer."])
     assert (args.reasoning_budget, args.reasoning_budget_message) == (128, "Time to answer.")
     assert "--reasoning-budget" not in LLAMA_SERVER_ONLY_FLAGS
+
+
+def test_sse_ping_interval_flag():
+    assert parse("serve", []).sse_ping_interval == 30.0  # llama-server's default
+    assert parse("serve", ["--sse-ping-interval", "-1"]).sse_ping_interval == -1

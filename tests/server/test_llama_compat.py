@@ -586,3 +586,15 @@ def test_n_indent_ends_the_reply_at_a_line_indented_less(server, n_indent, conte
 def test_get_on_a_slot_is_not_found(server):
     status, body = server.request("GET", "/slots/0")
     assert status == 404 and body["error"]["type"] == "not_found_error"
+
+
+def test_pinged_streams_parse_as_before(client, server):
+    """sse_ping_interval per request: with pings in every pause, the SDK's stream reads the same."""
+    kw = dict(model="tiny-test", messages=MSGS, max_tokens=24, temperature=0)
+    plain = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = client.chat.completions.create(**kw, stream=True, extra_body={"sse_ping_interval": 0.0005})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain
+    body = {"prompt": "Hello", "n_predict": 8, **GREEDY}
+    _, full = server.request("POST", "/completion", body)
+    events = sse(server, "/completion", {**body, "stream": True, "sse_ping_interval": 0.0005})
+    assert "".join(e["content"] for e in events[:-1]) == full["content"] and events[-1]["stop"] is True

@@ -101,6 +101,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
       help="reasoning in chats: on, off (harmony replies skip the analysis channel) or auto; the "
            "template's enable_thinking")
     a("--chat-template-kwargs", type=_json_object, default=None)
+    a("--sse-ping-interval", type=float, default=30.0, metavar="SECONDS",
+      help="a stream silent this long (a long prompt) sends an SSE comment to stay alive; -1 never")
     a("--reasoning-budget", type=int, default=-1, metavar="N",
       help="thinking tokens per reply: -1 no limit, 0 end at once, N then the end is written for the model")
     a("--reasoning-budget-message", default="", metavar="MESSAGE",
@@ -283,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
 
     cors = CorsConfig(origins=args.cors_origins, methods=args.cors_methods, headers=args.cors_headers,
                       credentials=args.cors_credentials)
-    state = ServerState(api_keys=keys, metrics_enabled=args.metrics, slots_enabled=args.slots, cors=cors)
+    state = ServerState(api_keys=keys, metrics_enabled=args.metrics, slots_enabled=args.slots, cors=cors,
+                        sse_ping_interval=args.sse_ping_interval)
     state.max_body_bytes = settings.limits.max_body_bytes
     app = create_app(state)
     grace = settings.limits.shutdown_grace

@@ -30,6 +30,7 @@ from hybridmoe.server.protocol import (
     TokenizeRequest,
 )
 from hybridmoe.server.cors import CorsConfig, CorsMiddleware
+from hybridmoe.server.event_streams import with_pings
 from hybridmoe.server.native_api import register_routes as register_native_routes
 from hybridmoe.server.responses_api import ResponsesRequest, ResponseStore
 from hybridmoe.server.serving import Serving
@@ -52,6 +53,7 @@ class ServerState:
     serving: Serving | None = None
     load_error: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    sse_ping_interval: float = 30.0  # --sse-ping-interval: seconds of silence before a stream pings (<= 0: never)
 
 
 def _error(err: APIError, path: str = "") -> JSONResponse:
@@ -125,6 +127,14 @@ def create_app(state: ServerState) -> FastAPI:
         return _error(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"),
                       request.url.path)
 
+    def respond(result: dict[str, Any] | AsyncIterator[str], req: Any = None) -> Any:
+        """A JSON answer as is; a stream as SSE with pings (the request's sse_ping_interval, else
+        the server's)."""
+        if isinstance(result, dict):
+            return result
+        own = getattr(req, "sse_ping_interval", None)
+        return sse_response(result, state.sse_ping_interval if own is None else own)
+
     def serving() -> Serving:
         if state.serving is None:
             if state.load_error:
@@ -147,13 +157,13 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         result = await serving().chat(req, request.is_disconnected)
-        return _respond(result)
+        return respond(result, req)
 
     responses_store = ResponseStore()
 
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request) -> Any:
-        return _respond(await responses_api.create(serving(), responses_store, req, request.is_disconnected))
+        return respond(await responses_api.create(serving(), responses_store, req, request.is_disconnected), req)
 
     @app.post("/v1/responses/input_tokens")
     async def responses_input_tokens(req: ResponsesRequest) -> Any:
@@ -161,7 +171,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/messages")
     async def messages(req: MessagesRequest, request: Request) -> Any:
-        return _respond(await messages_api.create(serving(), req, request.is_disconnected))
+        return respond(await messages_api.create(serving(), req, request.is_disconnected), req)
 
     @app.post("/v1/messages/count_tokens")
     async def messages_count_tokens(req: MessagesInput) -> Any:
@@ -170,7 +180,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")  # /completion(s) are llama-server's native API: native_api.py
     async def completions(req: CompletionRequest, request: Request) -> Any:
         result = await serving().completion(req, request.is_disconnected)
-        return _respond(result)
+        return respond(result, req)
 
     # Plain `def`: FastAPI runs these in its thread pool, off the event loop.
     @app.post("/tokenize")
@@ -239,7 +249,7 @@ def create_app(state: ServerState) -> FastAPI:
             app.add_api_route(path, _not_supported(why), methods=["POST"], include_in_schema=False)
 
     add_webui_routes(app)
-    register_native_routes(app, serving)
+    register_native_routes(app, serving, respond)
     return app
 
 
@@ -258,7 +268,6 @@ def _not_supported(why: str) -> Callable[[], Any]:
     return route
 
 
-def _respond(result: dict[str, Any] | AsyncIterator[str]) -> Any:
-    if isinstance(result, dict):
-        return result
-    return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+def sse_response(stream: AsyncIterator[str], ping_interval: float) -> StreamingResponse:
+    return StreamingResponse(with_pings(stream, ping_interval), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})

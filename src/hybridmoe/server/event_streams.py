@@ -96,3 +96,40 @@ def _progress(engine: Any, h: RequestHandle, t0: float) -> Progress | None:
     total = len(h.request.prompt_ids)
     processed = min(int(s["n_cached_tokens"]), total)
     return Progress(total, int(s.get("n_prompt_cached", 0)), processed, (time.perf_counter() - t0) * 1e3)
+
+
+SSE_PING = ":\n\n"  # an SSE comment: clients ignore it, proxies and HTTP clients see the stream alive
+
+
+async def with_pings(stream: AsyncIterator[str], interval_s: float) -> AsyncIterator[str]:
+    """`stream`, with an SSE_PING whenever it has been silent for `interval_s` (<= 0: never), as
+    llama-server's --sse-ping-interval: a long prompt on a few CPU cores can take minutes before
+    the first token, longer than many proxies and clients wait for data."""
+    if interval_s <= 0:
+        async for item in stream:
+            yield item
+        return
+    it = stream.__aiter__()
+    pending: asyncio.Future[str] = asyncio.ensure_future(it.__anext__())
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield SSE_PING
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            yield item
+            pending = asyncio.ensure_future(it.__anext__())
+    finally:  # the client left (or the stream ended): stop the inner stream, which frees its slot
+        if not pending.done():
+            pending.cancel()
+            try:
+                await pending
+            except BaseException:  # noqa: BLE001 - only waiting for the cancelled step to unwind
+                pass
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()

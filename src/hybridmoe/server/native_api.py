@@ -215,10 +215,9 @@ def _sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def register_routes(app: FastAPI, serving: Any) -> None:
+def register_routes(app: FastAPI, serving: Any, respond: Any) -> None:
     """Native completion routes and token counting; `serving()` returns the live `Serving` (or raises
-    503 while loading)."""
-    from fastapi.responses import StreamingResponse
+    503 while loading); `respond(result, req)` makes a stream an SSE response (app.py)."""
 
     @app.post("/completion")
     @app.post("/completions")
@@ -226,7 +225,7 @@ def register_routes(app: FastAPI, serving: Any) -> None:
         result = await NativeCompletions(serving()).handle(req, request)
         if isinstance(result, (dict, list)):
             return result
-        return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return respond(result, req)
 
     @app.post("/v1/chat/completions/input_tokens")
     @app.post("/chat/completions/input_tokens")

@@ -168,6 +168,7 @@ class SamplingFields(Lenient):
     id_slot: int = -1  # llama-server: run in this slot, waiting for it if busy (-1: the best free one)
     t_max_predict_ms: int = Field(default=0, ge=0)  # llama-server: a time limit on the reply, once past a newline
     n_indent: int = Field(default=0, ge=0)  # llama-server: lines after the first need this much indentation
+    sse_ping_interval: float | None = None  # llama-server: seconds of silence before a stream pings (-1: never)
     timings_per_token: bool = False  # llama-server: `timings` on every streamed chunk
     # Constrained output (one at most; see server/constraint_fields.py): llama-server's GBNF
     # `grammar` and `json_schema` fields, OpenAI's response_format.
