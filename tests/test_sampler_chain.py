@@ -341,3 +341,52 @@ def test_any_accepted_settings_sample_a_possible_token():
             s.post_logprobs(t, 3)
             drawn += 1
     assert drawn > 500
+
+
+def _adaptive_reference(probs: torch.Tensor, target: float, avg: float) -> torch.Tensor:
+    """adaptive-p's distribution, written from its rule: logits 5 - 10 d^2 / (1 + d),
+    d = |p - clamp(2 target - avg, 0, 1)| / 0.3."""
+    adapted = min(max(2 * min(max(target, 0.0), 1.0) - avg, 0.0), 1.0)
+    out = []
+    for p in probs.tolist():
+        d = abs(p - adapted) / 0.3
+        out.append(5.0 - 10.0 * d * d / (1.0 + d))
+    return torch.log_softmax(torch.tensor(out, dtype=torch.float64), dim=-1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_adaptive_p_matches_the_reference(seed):
+    """The transformed distribution the draw sees (post_logprobs) and the running average it keeps
+    of the chosen tokens' original probabilities, step by step against the rule."""
+    g = torch.Generator().manual_seed(seed)
+    target, decay = [0.1, 0.3, 0.6, 0.9][seed], [0.0, 0.5, 0.9, 0.99][seed]
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed,
+                            samplers=("temperature", "adaptive_p"),
+                            chain=SamplerSettings(adaptive_target=target, adaptive_decay=decay))
+    s = Sampler(params)
+    total, weight = target / (1 - decay), 1 / (1 - decay)
+    for _ in range(40):
+        logits = torch.randn(50, generator=g) * 2
+        token = s.sample(logits)
+        s.accept(token)
+        probs = torch.softmax(logits, dim=-1)
+        ref = _adaptive_reference(probs, target, total / weight)
+        got = s.post_logprobs(token, 50)
+        got_full = torch.full((50,), -math.inf, dtype=torch.float64)
+        for t, v in got.top:
+            got_full[t] = v
+        assert torch.allclose(got_full, ref, atol=1e-4), (got_full - ref).abs().max()
+        total, weight = float(probs[token]) + decay * total, 1 + decay * weight
+
+
+def test_adaptive_p_off_or_unlisted_is_the_plain_draw():
+    logits = torch.randn(200, generator=torch.Generator().manual_seed(1)) * 3
+    plain = Sampler(SamplingParams(temperature=1.0, seed=3))
+    draws = [plain.sample(logits) for _ in range(30)]
+    for chain, order in ((SamplerSettings(adaptive_target=-1.0), None),
+                         (SamplerSettings(adaptive_target=0.5), None)):  # off, or not in the order
+        params = SamplingParams(temperature=1.0, seed=3, chain=chain, samplers=order)
+        s = Sampler(params)
+        assert [s.sample(logits) for _ in range(30)] == draws
+    with pytest.raises(ValueError, match="adaptive_decay"):
+        Sampler(SamplingParams(chain=SamplerSettings(adaptive_decay=1.0)))

@@ -140,6 +140,11 @@ class Sampler:
             self._penalties.accept_all(prompt)
             self._dry.accept_all(prompt)
         self._mu = 2.0 * c.mirostat_tau
+        # adaptive-p: the final draw when listed; a running average of the chosen tokens' probabilities
+        self._adaptive = "adaptive_p" in self._order and not c.mirostat and c.adaptive_target >= 0
+        self._ap_sum = c.adaptive_target / (1.0 - c.adaptive_decay)
+        self._ap_weight = 1.0 / (1.0 - c.adaptive_decay)
+        self._ap_pending: tuple[int, float] | None = None  # (drawn id, its probability before the transform)
         self._last: steps.Candidates | None = None  # what the last draw chose from (post_logprobs)
         self._bias = None
         bias = params.logit_bias + tuple((t, -math.inf) for t in banned)
@@ -152,9 +157,16 @@ class Sampler:
         self._greedy_plain = not c.mirostat and not any(moving[s] for s in _MOVES_TOP if s in self._order)
 
     def accept(self, token: int) -> None:
-        """One more token of the text (prompt or reply) for the penalties' and DRY's windows."""
+        """One more token of the text (prompt or reply) for the penalties' and DRY's windows (and
+        adaptive-p's average, when it drew this token)."""
         self._penalties.accept(token)
         self._dry.accept(token)
+        if self._ap_pending is not None:
+            drawn, p = self._ap_pending
+            if drawn == token:
+                d = self.params.chain.adaptive_decay
+                self._ap_sum, self._ap_weight = p + d * self._ap_sum, 1.0 + d * self._ap_weight
+            self._ap_pending = None
 
     def _biased(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 CPU logits plus the logit bias (ids past the vocabulary are ignored)."""
@@ -230,7 +242,29 @@ class Sampler:
             return self._mirostat(cands, logits.numel())
         if greedy:
             return int(cands.ids[int(torch.argmax(cands.logits))])
+        if self._adaptive:
+            return self._adaptive_p(cands)
         return steps.draw(cands, self.generator)
+
+    # adaptive-p's transform: quadratic near the target, linear in the tails (llama.cpp's constants)
+    _AP_WIDTH, _AP_PEAK, _AP_SHARPNESS = 0.3, 5.0, 10.0
+
+    def _adaptive_p(self, cands: steps.Candidates) -> int:
+        """adaptive-p's draw: each candidate's logit becomes peak - s d^2 / (1 + d), d = |p -
+        target'| / width, target' = 2 target - (running average of the chosen tokens'
+        probabilities) clamped to [0, 1], so the choices average the target."""
+        c = self.params.chain
+        probs = cands.probs()
+        target = min(max(c.adaptive_target, 0.0), 1.0)
+        adapted = min(max(2.0 * target - self._ap_sum / self._ap_weight, 0.0), 1.0)
+        d = (probs - adapted).abs() / self._AP_WIDTH
+        logits = self._AP_PEAK - self._AP_SHARPNESS * d * d / (1.0 + d)
+        cands.logits = torch.where(torch.isneginf(cands.logits), cands.logits, logits.to(torch.float32))
+        self._last = cands
+        idx = steps.pick(cands.probs(), self.generator) if len(cands) > 1 else 0
+        token = int(cands.ids[idx])
+        self._ap_pending = (token, float(probs[idx]))
+        return token
 
     def post_logprobs(self, token: int, k: int) -> TokenLogprobs:
         """Log-probabilities in the distribution the last draw saw (after the chain, as

@@ -162,6 +162,8 @@ class SamplingFields(Lenient):
     mirostat: int | None = None
     mirostat_tau: float | None = Field(default=None, allow_inf_nan=False)
     mirostat_eta: float | None = Field(default=None, allow_inf_nan=False)
+    adaptive_target: float | None = Field(default=None, allow_inf_nan=False)
+    adaptive_decay: float | None = Field(default=None, allow_inf_nan=False)
     logit_bias: Any = None  # checked by server/logit_bias.py, whose errors name the entry
     # llama-server: report probabilities after the sampler chain (what the draw saw), not the model's
     post_sampling_probs: bool = False

@@ -29,8 +29,8 @@ def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float, s
     require(seed is None or -(2**63) <= seed < 2**64, names["seed"], "be a 64-bit integer (negative: random)", seed)
 
 
-# llama.cpp's sampler names in its default order, then the ones accepted that do nothing here
-# ("infill": no fill-in-the-middle; "adaptive_p": not done), aliases and one-letter codes.
+# llama.cpp's sampler names in its default order, then "adaptive_p" (the final draw when listed)
+# and "infill" (accepted, does nothing: no fill-in-the-middle), aliases and one-letter codes.
 SAMPLER_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 SAMPLER_NAMES = frozenset(SAMPLER_ORDER) | {"infill", "adaptive_p"}
 SAMPLER_ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p", "temp": "temperature",
@@ -94,6 +94,10 @@ class SamplerSettings:
     mirostat: int = 0  # 1 or 2: Mirostat replaces the filters (temperature, then Mirostat's draw)
     mirostat_tau: float = 5.0  # target surprise (bits)
     mirostat_eta: float = 0.1  # learning rate
+    # adaptive-p (with "adaptive_p" in the sampler order it makes the final draw): favours tokens
+    # whose probability is near a target that moves so the chosen ones average `adaptive_target`
+    adaptive_target: float = -1.0  # < 0: off (the draw is plain)
+    adaptive_decay: float = 0.9  # the average's memory, about 1 / (1 - decay) tokens
 
     def check(self, names: Mapping[str, str] | None = None) -> None:
         """Valid ranges (finite numbers; a positive repeat_penalty, since it divides); ValueError
@@ -105,7 +109,7 @@ class SamplerSettings:
 
         for f in ("presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base", "top_n_sigma", "typical_p",
                   "xtc_probability", "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "mirostat_tau",
-                  "mirostat_eta"):
+                  "mirostat_eta", "adaptive_target"):
             need(math.isfinite(getattr(self, f)), f, "be a finite number")
         need(0 < self.repeat_penalty < math.inf, "repeat_penalty", "be > 0 (1 = off)")
         for f in ("repeat_last_n", "dry_penalty_last_n"):
@@ -114,6 +118,7 @@ class SamplerSettings:
         need(self.min_keep >= 0, "min_keep", "be >= 0")
         need(self.dynatemp_range >= 0, "dynatemp_range", "be >= 0")
         need(self.mirostat in (0, 1, 2), "mirostat", "be 0 (off), 1 or 2")
+        need(0.0 <= self.adaptive_decay <= 0.99, "adaptive_decay", "be in [0, 0.99]")
         need(all(isinstance(b, str) for b in self.dry_sequence_breakers), "dry_sequence_breakers",
              "be a list of strings")
 
@@ -126,7 +131,8 @@ SAMPLER_FLAGS = {"repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repea
                  "typical_p": "--typical", "xtc_probability": "--xtc-probability", "xtc_threshold": "--xtc-threshold",
                  "min_keep": "--min-keep", "dynatemp_range": "--dynatemp-range",
                  "dynatemp_exponent": "--dynatemp-exp", "mirostat": "--mirostat", "mirostat_tau": "--mirostat-ent",
-                 "mirostat_eta": "--mirostat-lr"}
+                 "mirostat_eta": "--mirostat-lr", "adaptive_target": "--adaptive-target",
+                 "adaptive_decay": "--adaptive-decay"}
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,8 @@ def _sampler_args(g: argparse._ArgumentGroup, d: SamplerSettings) -> list[argpar
         "temperature range, 0 = off", "dynatemp_exponent": "dynamic temperature exponent",
         "mirostat": "Mirostat 1 or 2 (replaces the other filters), 0 = off", "mirostat_tau": "Mirostat target "
         "entropy", "mirostat_eta": "Mirostat learning rate",
+        "adaptive_target": "adaptive-p: favour tokens near this probability (with adaptive_p in --samplers), "
+        "< 0 = off", "adaptive_decay": "adaptive-p: memory of its running average, 0 to 0.99",
     }
     out = []
     for f in dataclasses.fields(SamplerSettings):
