@@ -280,3 +280,32 @@ def test_reasoning_budget_flags_are_ours():
 def test_sse_ping_interval_flag():
     assert parse("serve", []).sse_ping_interval == 30.0  # llama-server's default
     assert parse("serve", ["--sse-ping-interval", "-1"]).sse_ping_interval == -1
+
+
+@pytest.mark.parametrize("level,effort", [("high", "high"), ("minimal", "low"), ("xhigh", "high"), ("max", "high"),
+                                          ("default", None), ("none", "none")])
+def test_reasoning_effort_flag(level, effort):
+    assert parse("serve", ["--reasoning-effort", level]).reasoning_effort == effort
+
+
+def test_llama_server_default_flags_for_requests():
+    args = parse("serve", ["--ignore-eos", "--no-cache-prompt", "--skip-chat-parsing"])
+    assert (args.ignore_eos, args.cache_prompt, args.skip_chat_parsing) == (True, False, True)
+    args = parse("serve", [])
+    assert (args.ignore_eos, args.cache_prompt, args.skip_chat_parsing, args.reasoning_effort) == (False, True, False,
+                                                                                                   None)
+
+
+@pytest.mark.parametrize("argv", [["-ncffn", "3"], ["-lm", "auto"], ["-lzm", "x"], ["-bs"], ["-lcs", "f.bin"]])
+def test_single_dash_llama_flags_are_set_aside_whole(argv):
+    """Short llama-server flags that argparse would split into ours (-lm as -l m)."""
+    kept, foreign = set_aside([*argv, "-c", "8"])
+    assert kept == ["-c", "8"] and foreign == argv
+
+
+def test_serve_version(capsys):
+    from hybridmoe import __version__
+
+    with pytest.raises(SystemExit) as e:
+        parse("serve", ["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"hybridmoe {__version__}"

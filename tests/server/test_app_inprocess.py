@@ -174,3 +174,28 @@ def test_several_api_keys_and_metrics_off(make_serving):
         status, body = srv.request("GET", "/metrics", headers={"Authorization": "Bearer k1"})
         assert status == 501 and body["error"]["type"] == "not_supported_error"
         assert "--metrics" in body["error"]["message"]
+
+
+def test_server_defaults_for_requests_that_leave_fields_out(served_llm, served_model):
+    """--ignore-eos, --reasoning-effort and --no-cache-prompt set what a request leaves out; the
+    request's own value wins, and a constrained request is never held past its end."""
+    engine = Engine(served_llm, 1, 256, 0, batch_size=64).start()
+    config = ServingConfig(model_path=served_model, ignore_eos=True, reasoning_effort="high", cache_prompt=False)
+    with InProcess(ServerState(serving=Serving(engine, config))) as srv:
+        _, r = srv.request("POST", "/completion", {"prompt": "Hello", "n_predict": 3})
+        assert r["generation_settings"]["ignore_eos"] is True
+        _, r = srv.request("POST", "/completion", {"prompt": "Hello", "n_predict": 3, "ignore_eos": False})
+        assert r["generation_settings"]["ignore_eos"] is False
+        status, r = srv.request("POST", "/completion", {"prompt": "Hello", "n_predict": 8,
+                                                         "json_schema": {"type": "integer"}})
+        assert status == 200 and r["generation_settings"]["ignore_eos"] is False
+        _, t = srv.request("POST", "/apply-template", {"messages": MSGS})
+        assert "Reasoning: high" in t["prompt"]
+        _, t = srv.request("POST", "/apply-template", {"messages": MSGS, "reasoning_effort": "low"})
+        assert "Reasoning: low" in t["prompt"]
+        for _ in range(2):  # the same prompt twice: nothing reused
+            _, r = srv.request("POST", "/completion", {"prompt": "Hello there, how are you", "n_predict": 2})
+        assert r["timings"]["cache_n"] == 0
+        _, r = srv.request("POST", "/completion", {"prompt": "Hello there, how are you", "n_predict": 2,
+                                                   "cache_prompt": True})
+        assert r["timings"]["cache_n"] > 0

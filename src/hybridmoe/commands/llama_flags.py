@@ -22,6 +22,11 @@ _NO_VALUE = """
 -cmoed --cpu-moe-draft --endpoint-metrics --endpoint-props --endpoint-slots --no-endpoint-slots
 --models-autoload --no-models-autoload
 --spec-draft-cpu-moe --spec-draft-backend-sampling --no-spec-draft-backend-sampling
+-bs --backend-sampling --reasoning-preserve --no-reasoning-preserve --reuse-port --log-jsonl --no-log-jsonl
+--list-devices -cl --cache-list --completion-bash -ag --agent -no-ag --no-agent --ui-mcp-proxy --webui-mcp-proxy
+--no-ui-mcp-proxy --no-webui-mcp-proxy --gpt-oss-20b-default --gpt-oss-120b-default --embd-gemma-default
+--fim-qwen-1.5b-default --fim-qwen-3b-default --fim-qwen-7b-default --fim-qwen-7b-spec --fim-qwen-14b-spec
+--fim-qwen-30b-default --vision-gemma-4b-default --vision-gemma-12b-default
 """
 
 _ONE_VALUE = """
@@ -51,6 +56,11 @@ _ONE_VALUE = """
 --spec-ngram-mod-n-match --spec-ngram-mod-n-min --spec-ngram-mod-n-max --spec-ngram-map-k-size-n
 --spec-ngram-map-k-size-m --spec-ngram-map-k-min-hits --spec-ngram-map-k4v-size-n --spec-ngram-map-k4v-size-m
 --spec-ngram-map-k4v-min-hits --spec-synth-len --spec-synth-rates
+-ncffn --n-cpu-ffn -lm --load-mode -lzm --lazy-mode --rpc -dr --docker-repo -lcs --lookup-cache-static
+-lcd --lookup-cache-dynamic --kv-unified-per-slot -mmdev --mmproj-device --mtmd-batch-max-tokens --video-fps
+--video-timestamp-interval --video-ffmpeg-dir --embd-normalize --tools --tools-runtime --mcp-servers-config
+--mcp-servers-json --sleep-idle-seconds --log-prompts-dir --spec-ngram-size-n --spec-ngram-size-m
+--spec-ngram-min-hits
 """
 
 _TWO_VALUES = "--lora-scaled --control-vector-scaled --control-vector-layer-range --spec-replace"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hybridmoe import __version__
 from hybridmoe.commands.llama_flags import is_flag
 from hybridmoe.settings import (
     ComputeSettings,
@@ -42,6 +43,17 @@ from hybridmoe.settings import (
 from hybridmoe.tokenizer.builtin_templates import BUILTIN_TEMPLATES, resolve_chat_template
 
 log = logging.getLogger("hybridmoe.serve")
+
+
+_EFFORTS = {"default": None, "none": "none", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+            "xhigh": "high", "max": "high"}
+
+
+def _effort(value: str) -> str | None:
+    """llama-server's --reasoning-effort levels, as the gpt-oss template's three (or none)."""
+    if value.lower() not in _EFFORTS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(_EFFORTS)}, got {value!r}")
+    return _EFFORTS[value.lower()]
 
 
 def _json_object(value: str) -> dict[str, Any]:
@@ -84,6 +96,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     a = p.add_argument
     a("-m", "--model", default=None, help="GGUF file (first part of a split model); default: bundled demo")
+    a("--version", action="version", version=f"hybridmoe {__version__}")
     a("--host", default="127.0.0.1", help="address(es) to listen on, comma-separated (UNIX socket: a path "
                                           "ending in .sock); with several, :: binds IPv6 only")
     a("--port", type=int, default=8080)
@@ -103,6 +116,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--chat-template-kwargs", type=_json_object, default=None)
     a("--sse-ping-interval", type=float, default=30.0, metavar="SECONDS",
       help="a stream silent this long (a long prompt) sends an SSE comment to stay alive; -1 never")
+    a("--reasoning-effort", type=_effort, default=None, metavar="LEVEL",
+      help="reasoning effort for chat requests that give none: low, medium, high or none (minimal = low; "
+           "xhigh, max = high: gpt-oss knows three levels); default: the template's")
+    a("--skip-chat-parsing", dest="skip_chat_parsing", action="store_true",
+      help="replies as raw text in content (analysis channel and tool calls unparsed): --reasoning-format none")
+    a("--no-skip-chat-parsing", dest="skip_chat_parsing", action="store_false")
+    a("--ignore-eos", action="store_true", help="requests that give no ignore_eos go on past the end token")
+    a("--cache-prompt", dest="cache_prompt", action="store_true", default=True,
+      help="reuse cached prompt prefixes (default; per request: cache_prompt)")
+    a("--no-cache-prompt", dest="cache_prompt", action="store_false")
     a("--reasoning-budget", type=int, default=-1, metavar="N",
       help="thinking tokens per reply: -1 no limit, 0 end at once, N then the end is written for the model")
     a("--reasoning-budget-message", default="", metavar="MESSAGE",
@@ -219,7 +242,7 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
             model_path=path,
             alias=args.alias,
             tags=[t.strip() for t in (args.tags or "").split(",") if t.strip()],
-            reasoning_format=args.reasoning_format,
+            reasoning_format="none" if args.skip_chat_parsing else args.reasoning_format,
             reasoning=args.reasoning,
             chat_template=_chat_template(args),
             chat_template_kwargs=args.chat_template_kwargs or {},
@@ -229,6 +252,9 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
             verbose=args.verbose,
             slot_save_path=args.slot_save_path,
             reasoning_budget=args.reasoning_budget,
+            reasoning_effort=args.reasoning_effort,
+            ignore_eos=args.ignore_eos,
+            cache_prompt=args.cache_prompt,
             reasoning_budget_message=args.reasoning_budget_message,
         )
         state.serving = Serving(engine, config)

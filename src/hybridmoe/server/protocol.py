@@ -137,10 +137,10 @@ class SamplingFields(Lenient):
     n_predict: int | None = Field(default=None, ge=-1)  # llama-server's name; wins over max_tokens
     samplers: list[str] | str | None = None  # llama-server: sampler order (names, or letters "kpmt")
     return_progress: bool = False  # llama-server: prompt_progress chunks while the prompt is processed
-    cache_prompt: bool = True  # llama-server: reuse a cached prefix of the prompt (false: compute it all)
+    cache_prompt: bool | None = None  # llama-server: reuse a cached prefix (None: --cache-prompt, on by default)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False  # llama-server extra
+    ignore_eos: bool | None = None  # llama-server extra (None: the server's --ignore-eos)
     # llama.cpp's other samplers (settings.SamplerSettings has their meaning and ranges; None: the
     # server's default) and the logit bias (server/logit_bias.py reads both its forms).
     repeat_penalty: float | None = Field(default=None, allow_inf_nan=False)

@@ -75,6 +75,9 @@ class ServingConfig:
     verbose: bool = False  # --verbose: responses carry llama-server's `__verbose` (native result)
     slot_save_path: str | None = None  # --slot-save-path: directory of slot state files
     reasoning_budget: int = -1  # --reasoning-budget: thinking tokens per reply (-1: no limit)
+    reasoning_effort: str | None = None  # --reasoning-effort: for chat requests that give none (None: the template's)
+    ignore_eos: bool = False  # --ignore-eos: for requests that give no ignore_eos (unconstrained ones)
+    cache_prompt: bool = True  # --no-cache-prompt: requests that give no cache_prompt compute the whole prompt
     reasoning_budget_message: str = ""  # --reasoning-budget-message: written before the forced end
 
     def aliases(self) -> list[str]:
@@ -168,8 +171,8 @@ class Serving:
         return self.renderer.render(messages, tools, effort, kwargs, plan)
 
     def _chat_prompt(self, req: ChatCompletionRequest, tools: list[Tool] | None) -> tuple[Rendered, list[int]]:
-        r = self._render(req.messages, tools, req.reasoning_effort, req.chat_template_kwargs,
-                         req.add_generation_prompt, req.continue_final_message)
+        r = self._render(req.messages, tools, req.reasoning_effort or self.config.reasoning_effort,
+                         req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message)
         return r, self._encode_prompt(r.prompt, "messages")
 
     def _encode_prompt(self, text: str, param: str) -> list[int]:
@@ -219,7 +222,8 @@ class Serving:
             min_p=d.min_p if req.min_p is None else req.min_p,
             seed=req.seed if req.seed is not None else self.config.seed,
             max_tokens=min(limit, room) if limit is not None else room,
-            ignore_eos=req.ignore_eos,
+            ignore_eos=(req.ignore_eos if req.ignore_eos is not None
+                        else self.config.ignore_eos and not req.constrained()),  # a constrained reply must end
             samplers=sampler_order(req.samplers) if req.samplers is not None else d.order,
             chain=self._chain(req),
             logit_bias=d.logit_bias if req.logit_bias is None else resolve_logit_bias(
@@ -341,7 +345,7 @@ class Serving:
             logprobs=logprobs_k,
             constraint=constraint,
             tool_calls=tool_calls if constraint is None else None,
-            cache_prompt=req.cache_prompt,
+            cache_prompt=req.cache_prompt if req.cache_prompt is not None else self.config.cache_prompt,
             dry_breakers=dry,
             post_sampling_probs=req.post_sampling_probs,
             id_slot=req.id_slot,
@@ -656,8 +660,8 @@ class Serving:
         return {"content": self.tokenizer.decode(self._check_ids(req.tokens, "tokens"))}
 
     def apply_template(self, req: ApplyTemplateRequest) -> dict[str, Any]:
-        r = self._render(req.messages, req.tools, req.reasoning_effort, req.chat_template_kwargs,
-                         req.add_generation_prompt, req.continue_final_message)
+        r = self._render(req.messages, req.tools, req.reasoning_effort or self.config.reasoning_effort,
+                         req.chat_template_kwargs, req.add_generation_prompt, req.continue_final_message)
         return {"prompt": r.prompt}
 
     def input_tokens(self, req: ChatCompletionRequest) -> dict[str, Any]:
