@@ -33,11 +33,10 @@ def test_thinking_that_ends_in_time_is_left_alone():
     assert run(s, [1, 2, 3, 4, 9, 50]) == [1, 2, 3, 4, 9, 50] and s.used == 1 and not s.inside
 
 
-def test_the_budget_covers_the_whole_reply():
-    # two tokens in the first section, one left: the second section gets one token, then is closed;
-    # a third is closed as it opens
-    reply = run(BudgetState(BUDGET, []), [1, 2, 3, 4, 5, 9, 1, 2, 3, 6, 7, 1, 2, 3, 60])
-    assert reply == [1, 2, 3, 4, 5, 9, 1, 2, 3, 6, 7, 8, 9, 7, 1, 2, 3, 7, 8, 9, 60]
+def test_each_thinking_section_has_its_own_budget():
+    """As llama-server: a section that ended in time, then one cut, then one cut again."""
+    reply = run(BudgetState(BUDGET, []), [1, 2, 3, 4, 5, 9, 1, 2, 3, 6, 6, 6, 1, 2, 3, 4, 4, 4, 60])
+    assert reply == [1, 2, 3, 4, 5, 9, 1, 2, 3, 6, 6, 6, 7, 8, 9, 1, 2, 3, 4, 4, 4, 7, 8, 9, 60]
 
 
 def test_a_prompt_ending_inside_thinking_counts_from_the_reply():

@@ -3,8 +3,8 @@
 The server names the thinking's start and end as token sequences (gpt-oss: the analysis channel's
 `<|channel|>analysis<|message|>` and `<|end|>`); once the reply has written `tokens` tokens of
 thinking, the budget message and the end are written for it, one forced token per step, and the
-model goes on from there (on gpt-oss, with its final answer). The budget covers all the thinking
-of one reply: a thinking section begun after it is spent is closed at once.
+model goes on from there (on gpt-oss, with its final answer). Each thinking section has its own
+budget, as in llama-server (checked by sending both servers the same requests).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class ReasoningBudget:
     start: tuple[int, ...]  # tokens that open a thinking section
     end: tuple[int, ...]  # tokens that close it
     forced: tuple[int, ...]  # written when the budget is spent: the message's tokens, then `end`
-    tokens: int  # thinking tokens allowed in the reply (0: close each section as it opens)
+    tokens: int  # thinking tokens allowed per section (0: close each section as it opens)
 
     def __post_init__(self) -> None:
         if not self.start or not self.end or self.tokens < 0 or tuple(self.forced[-len(self.end):]) != self.end:
@@ -38,6 +38,7 @@ class BudgetState:
         self._queue: collections.deque[int] = collections.deque()
         for t in prompt_ids[-self._recent.maxlen:]:  # a prompt that ends inside a thinking section
             self._track(t, count=False)
+        self.used = 0
         if self.inside and budget.tokens == 0:
             self._queue.extend(budget.forced)
 
@@ -59,8 +60,8 @@ class BudgetState:
         self._recent.append(token)
         if not self.inside:
             if self._ends_with(self.budget.start):
-                self.inside = True
-                if count and self.used >= self.budget.tokens:
+                self.inside, self.used = True, 0
+                if count and self.budget.tokens == 0:
                     self._queue.extend(self.budget.forced)
             return
         if self._ends_with(self.budget.end):
