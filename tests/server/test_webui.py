@@ -152,6 +152,7 @@ def test_chat_with_the_demo_model(page, demo_server: ServerProcess, tmp_path: Pa
     page.fill("#set-repeat-penalty", "1.1")
     page.fill("#set-max-tokens", "48")
     page.select_option("#set-reasoning-effort", "low")
+    page.fill("#set-reasoning-budget", "6")
     page.click("#settings-save")
 
     sent: list[dict] = []
@@ -162,7 +163,7 @@ def test_chat_with_the_demo_model(page, demo_server: ServerProcess, tmp_path: Pa
                                   {"role": "user", "content": "Who was David?"}],
                      "stream": True, "stream_options": {"include_usage": True},
                      "temperature": 0, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "repeat_penalty": 1.1,
-                     "max_tokens": 48, "reasoning_effort": "low"}]
+                     "max_tokens": 48, "reasoning_effort": "low", "reasoning_budget_tokens": 6}]
     assert page.is_visible("#send") and not page.is_visible("#stop")
     m = re.search(r"(\d+) tokens · (\d+\.\d) tok/s · prompt (\d+) tokens", meta)
     assert m and float(m.group(2)) > 0, meta
@@ -178,7 +179,7 @@ def test_chat_with_the_demo_model(page, demo_server: ServerProcess, tmp_path: Pa
         "messages": [{"role": "system", "content": "Answer in one sentence."},
                      {"role": "user", "content": "Who was David?"}],
         "temperature": 0, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "repeat_penalty": 1.1, "max_tokens": 48,
-        "reasoning_effort": "low"})
+        "reasoning_effort": "low", "reasoning_budget_tokens": 6})
     assert status == 200, direct
     assert reply["content"] == direct["choices"][0]["message"]["content"]
     assert reply.get("reasoning", "") == direct["choices"][0]["message"].get("reasoning_content", "")

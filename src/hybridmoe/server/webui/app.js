@@ -11,7 +11,7 @@ const STORE = {
 };
 const DEFAULT_SETTINGS = {
   system: "", temperature: "", top_p: "", top_k: "", min_p: "", repeat_penalty: "", max_tokens: "",
-  reasoning_effort: "",
+  reasoning_effort: "", reasoning_budget_tokens: "",
 };
 const $ = (id) => document.getElementById(id);
 
@@ -319,6 +319,7 @@ function requestBody(history) {
   if (s.repeat_penalty !== "") body.repeat_penalty = Number(s.repeat_penalty);
   if (s.max_tokens !== "") body.max_tokens = parseInt(s.max_tokens, 10);
   if (s.reasoning_effort) body.reasoning_effort = s.reasoning_effort;
+  if (s.reasoning_budget_tokens !== "") body.reasoning_budget_tokens = parseInt(s.reasoning_budget_tokens, 10);
   return body;
 }
 
@@ -428,6 +429,7 @@ const SETTING_FIELDS = {
   repeat_penalty: "set-repeat-penalty",
   max_tokens: "set-max-tokens",
   reasoning_effort: "set-reasoning-effort",
+  reasoning_budget_tokens: "set-reasoning-budget",
 };
 
 function openSettings() {
