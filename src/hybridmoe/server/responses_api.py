@@ -525,7 +525,7 @@ class _Run:
             "output": self.items if self.status != "in_progress" else [],
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id,
-            "reasoning": {"effort": self.chat.reasoning_effort, "summary": None},
+            "reasoning": {"effort": self.chat.reasoning_effort or self.serving.config.reasoning_effort, "summary": None},
             "store": req.store,
             "temperature": d.temperature if req.temperature is None else req.temperature,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)},
