@@ -151,6 +151,11 @@ def test_props_slots_metrics(server, client):
     status, props = server.request("GET", "/props")
     assert status == 200 and props["total_slots"] == 4 and "<|start|>" in props["chat_template"]
     assert props["default_generation_settings"]["n_ctx"] == 1024
+    # llama-server's switches and defaults: the session server runs --metrics, slots on
+    assert (props["endpoint_slots"], props["endpoint_metrics"], props["endpoint_props"]) == (True, True, False)
+    assert props["model_ftype"] == "MXFP4 MoE" and props["chat_template_caps"]["supports_tool_calls"] is True
+    params = props["default_generation_settings"]["params"]
+    assert params["speculative.types"] == "none" and params["ignore_eos"] is False and params["n_probs"] == 0
     status, slots = server.request("GET", "/slots")
     assert status == 200 and [s["id"] for s in slots] == [0, 1, 2, 3]
     status, text = server.request("GET", "/metrics")

@@ -197,7 +197,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/props")
     async def props() -> Any:
-        return serving().props()
+        # llama-server's switches: which endpoints answer, its web UI (ours has no settings to push)
+        return {**serving().props(), "endpoint_slots": state.slots_enabled, "endpoint_metrics": state.metrics_enabled,
+                "endpoint_props": False, "cors_proxy_enabled": False, "ui": True, "ui_settings": {}}
 
     @app.get("/lora-adapters")
     async def lora_adapters() -> Any:  # llama-server's list; none can be loaded here
