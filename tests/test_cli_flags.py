@@ -296,7 +296,7 @@ def test_llama_server_default_flags_for_requests():
                                                                                                    None)
 
 
-@pytest.mark.parametrize("argv", [["-ncffn", "3"], ["-lm", "auto"], ["-lzm", "x"], ["-bs"], ["-lcs", "f.bin"]])
+@pytest.mark.parametrize("argv", [["-ncffn", "3"], ["-lzm", "x"], ["-bs"], ["-lcs", "f.bin"]])
 def test_single_dash_llama_flags_are_set_aside_whole(argv):
     """Short llama-server flags that argparse would split into ours (-lm as -l m)."""
     kept, foreign = set_aside([*argv, "-c", "8"])

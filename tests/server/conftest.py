@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ class ServerProcess:
     api_key: str | None
     log_path: Path
     script_path: Path | None = None  # started through tests/server/scripted_serve.py
+    tls: ssl.SSLContext | None = None  # an https server: the client context that trusts its certificate
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -58,7 +60,7 @@ class ServerProcess:
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=hdrs)
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
+            with urllib.request.urlopen(req, timeout=60, context=self.tls) as r:
                 status, raw = r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             status, raw = e.code, e.read().decode()
@@ -68,23 +70,27 @@ class ServerProcess:
             return status, raw
 
 
-def start_server(model: str, args: list[str], log_path: Path, api_key: str | None,
-                 script_path: Path | None = None) -> ServerProcess:
+def start_server(model: str | None, args: list[str], log_path: Path, api_key: str | None,
+                 script_path: Path | None = None, *, prefix: str = "", env: dict[str, str] | None = None,
+                 tls: ssl.SSLContext | None = None) -> ServerProcess:
     """script_path: replies scripted from this file (`ServerProcess.script`), else plain
-    `python -m hybridmoe.cli serve`."""
+    `python -m hybridmoe.cli serve`. model None: no -m (the environment may name it). prefix: the
+    server's --api-prefix, made part of base_url; env: variables added to the process's; tls: serve
+    over https, trusted by this client context."""
     from tests.server.scripted_serve import launcher as scripted_launcher
 
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     if script_path is not None:
         script_path.write_text("[]")
     launcher = scripted_launcher(script_path) if script_path else [sys.executable, "-m", "hybridmoe.cli"]
-    cmd = [*launcher, "serve", "-m", model, *args, "--port", str(port)]
+    cmd = [*launcher, "serve", *(["-m", model] if model else []), *args, "--port", str(port)]
     if "--host" not in args:
         cmd += ["--host", "127.0.0.1"]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    srv = ServerProcess(proc, f"http://127.0.0.1:{port}", api_key, log_path, script_path)
+    scheme = "https" if tls else "http"
+    srv = ServerProcess(proc, f"{scheme}://127.0.0.1:{port}{prefix}", api_key, log_path, script_path, tls)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -93,7 +99,7 @@ def start_server(model: str, args: list[str], log_path: Path, api_key: str | Non
             status, _ = srv.request("GET", "/health", key=None)
             if status == 200:
                 return srv
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
             pass
         time.sleep(0.2)
     stop_server(srv)

@@ -74,8 +74,8 @@ def test_api_key_file_and_env(tmp_path, monkeypatch):
     keys.write_text("k1\n\n  k2  \n")
     monkeypatch.setenv("LLAMA_API_KEY", "from-env")
     assert serve._api_keys(parse(["--api-key-file", str(keys)])) == ["from-env", "k1", "k2"]
-    # llama-server: the env var is only a fallback for --api-key
-    assert serve._api_keys(parse(["--api-key", "cli", "--api-key-file", str(keys)])) == ["cli", "k1", "k2"]
+    # the newest llama-server takes both (checked: LLAMA_API_KEY=a llama-server --api-key b accepts a and b)
+    assert serve._api_keys(parse(["--api-key", "cli", "--api-key-file", str(keys)])) == ["from-env", "cli", "k1", "k2"]
     monkeypatch.delenv("LLAMA_API_KEY")
     assert serve._api_keys(parse([])) == []
 

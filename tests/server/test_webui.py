@@ -205,6 +205,33 @@ def test_chat_with_the_demo_model(page, demo_server: ServerProcess, tmp_path: Pa
     assert page.locator("#conversations li").count() == 0 and stored_conversations(page) == []
 
 
+@pytest.fixture(scope="module")
+def prefixed_demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The demo model under --api-prefix /chat (as behind a reverse proxy's path)."""
+    from hybridmoe.engine.llm import DEMO_MODEL
+
+    if not Path(DEMO_MODEL).exists():
+        pytest.skip(f"demo model not bundled at {DEMO_MODEL}")
+    log_path = tmp_path_factory.mktemp("webui-prefix") / "demo-server.log"
+    srv = start_server(str(DEMO_MODEL), ["--api-key", DEMO_KEY, "-t", "1", "-np", "1", "--api-prefix", "/chat"],
+                       log_path, DEMO_KEY, prefix="/chat")
+    yield srv
+    stop_server(srv)
+
+
+def test_the_page_works_under_an_api_prefix(page, prefixed_demo_server: ServerProcess):
+    urls: list[str] = []
+    page.on("request", lambda r: urls.append(r.url))
+    open_with_key(page, prefixed_demo_server)  # the page at /chat/
+    assert page.text_content("#model-name") == "demo.gguf"
+    send(page, "Who was David?")
+    page.wait_for_selector(".msg.assistant .msg-meta:has-text('tok/s')")
+    assert page.inner_text(".msg.assistant .content").strip()
+    paths = {u.removeprefix(prefixed_demo_server.base_url.removesuffix("/chat")) for u in urls}
+    assert {"/chat/webui/app.js", "/chat/webui/markdown.js", "/chat/props", "/chat/v1/chat/completions"} <= paths
+    assert all(p.startswith("/chat/") for p in paths), paths
+
+
 def sse(*chunks: dict | str) -> str:
     return "".join(f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n" for c in chunks)
 
@@ -310,7 +337,7 @@ ENDLESS_STREAM = """
   const realFetch = window.fetch;
   window.__streamAborted = false;
   window.fetch = (url, init = {}) => {
-    if (!String(url).endsWith('/v1/chat/completions')) return realFetch(url, init);
+    if (!String(url).endsWith('v1/chat/completions')) return realFetch(url, init);
     const enc = new TextEncoder();
     let timer;
     const body = new ReadableStream({

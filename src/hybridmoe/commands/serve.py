@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import ssl
 import sys
 import threading
 from dataclasses import dataclass
@@ -64,6 +65,21 @@ def _json_object(value: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return obj
+
+
+def _api_prefix(value: str) -> str:
+    """'/api' from 'api', '/api' or '/api/' (llama-server's form: a leading slash, none trailing)."""
+    if any(c in value for c in "?#% \t"):
+        raise argparse.ArgumentTypeError(f"expected a path such as /api, got {value!r}")
+    v = value.strip("/")
+    return "/" + v if v else ""
+
+
+# llama-server's -lm/--load-mode values as (pin the weights in RAM: --mlock, read the file instead
+# of mapping it: --no-mmap, which changes nothing here). Its "mlock" reads and locks; pinning the
+# mapping gives the same resident, locked weights.
+LOAD_MODES = {"auto": (False, False), "mmap": (False, False), "none": (False, True), "dio": (False, True),
+              "mlock": (True, False), "mmap+mlock": (True, False)}
 
 
 @dataclass(frozen=True)
@@ -132,6 +148,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
       help="written before the end of the thinking when the budget is spent")
     a("--mlock", action="store_true", help="pin the mapped weights in RAM")
     a("--no-mmap", action="store_true")
+    a("-lm", "--load-mode", choices=list(LOAD_MODES), default="auto",
+      help="llama-server's loading mode: mlock and mmap+mlock pin the weights as --mlock; none and dio are "
+           "--no-mmap")
     a("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore files")
     a("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     a("--slots", dest="slots", action="store_true", default=True, help="expose /slots (default)")
@@ -142,6 +161,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--context-shift", dest="context_shift", action="store_true", default=False,
       help="accepted; see the README (gpt-oss needs --swa-full for it in llama.cpp too)")
     a("--no-context-shift", dest="context_shift", action="store_false")
+    a("--api-prefix", type=_api_prefix, default="", metavar="PREFIX",
+      help="serve every endpoint and the web page under this path (e.g. /api); nothing outside it")
+    a("--ui", "--webui", dest="ui", action="store_true", default=True, help="serve the web chat page (default)")
+    a("--no-ui", "--no-webui", dest="ui", action="store_false", help="no web chat page (its paths answer 404)")
+    a("--ssl-key-file", default=None, metavar="FNAME", help="PEM private key: serve HTTPS (with --ssl-cert-file)")
+    a("--ssl-cert-file", default=None, metavar="FNAME", help="PEM certificate: serve HTTPS (with --ssl-key-file)")
+    a("--log-file", default=None, metavar="FNAME", help="write the log to this file as well")
     a("--cors-origins", default="*", help="allowed origins: * (echo any), localhost, or a comma-separated list")
     a("--cors-methods", default="GET, POST, DELETE, OPTIONS")
     a("--cors-headers", default="*", help="allowed headers (* = those the browser asks for)")
@@ -150,18 +176,43 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     for add_group in (add_compute_args, add_context_args, add_parallel_args, add_placement_args,
                       add_prompt_cache_args, add_sampling_args, add_server_limit_args, add_speculative_args):
         add_group(p)
-    p.set_defaults(unknown_flags=[])  # filled by llama_flags.parse_llama_command_line
+    p.set_defaults(unknown_flags=[], env_used=[], env_notes=[])  # filled by llama_flags.parse_llama_command_line
     return p
 
 
 def _api_keys(args: argparse.Namespace) -> list[str]:
+    """--api-key (LLAMA_API_KEY too: llama_flags reads it first) and --api-key-file, whose lines
+    starting with '#' are comments, as in llama-server."""
     keys = [k.strip() for arg in args.api_key for k in arg.split(",") if k.strip()]
-    env = os.environ.get("LLAMA_API_KEY")
-    if env and not keys:
-        keys.append(env)
     if args.api_key_file:
-        keys += [ln.strip() for ln in Path(args.api_key_file).read_text().splitlines() if ln.strip()]
+        lines = (ln.strip() for ln in Path(args.api_key_file).read_text().splitlines())
+        keys += [ln for ln in lines if ln and not ln.startswith("#")]
     return keys
+
+
+def _ssl_files(args: argparse.Namespace) -> dict[str, str]:
+    """uvicorn's HTTPS settings from --ssl-key-file / --ssl-cert-file, the pair loaded once here
+    so a missing or mismatched file fails in one line before the port is bound."""
+    key, cert = args.ssl_key_file, args.ssl_cert_file
+    if not key and not cert:
+        return {}
+    if not (key and cert):
+        raise ValueError("--ssl-key-file and --ssl-cert-file go together: HTTPS needs both")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"--ssl-cert-file {cert} / --ssl-key-file {key}: {e.strerror or e}") from None
+    return {"ssl_keyfile": key, "ssl_certfile": cert}
+
+
+def _log_to_file(path: str) -> None:
+    """--log-file: the same lines as the console, appended to the file."""
+    try:
+        handler = logging.FileHandler(path)
+    except OSError as e:
+        raise ValueError(f"--log-file {path}: {e.strerror or e}") from None
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().addHandler(handler)
 
 
 def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
@@ -232,7 +283,7 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
     try:
         n_parallel = s.parallel.n_parallel
         llm = LLM(path, compute=s.compute, placement=s.placement, context=s.context, n_parallel=n_parallel,
-                  mlock=args.mlock)
+                  mlock=args.mlock or LOAD_MODES[args.load_mode][0])
         per_slot = llm.ctx_size // n_parallel
         if args.swa_full:
             llm.model.use_full_swa_cache()
@@ -266,19 +317,27 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
         server.should_exit = True
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT)
     logging.captureWarnings(True)  # e.g. "no CUDA device: ... run on the CPU" from placement
+    if args.log_file:
+        _log_to_file(args.log_file)
     settings = ServeSettings.from_args(args)  # SettingsError (a ValueError): one line, before anything starts
+    if args.env_used:
+        log.info("settings from the environment: %s", ", ".join(args.env_used))
+    for note in args.env_notes:
+        log.warning("%s", note)
     for word in args.unknown_flags:
         if is_flag(word):
             log.warning("ignoring flag %s: it has no meaning in hybridmoe", word)
     for note in spec_type_notes(args.spec_type, args.spec_default):
         log.warning("%s", note)
-    if args.no_mmap:
-        log.warning("--no-mmap is accepted but has no effect: experts are always used in place from the mmap "
-                    "(use --mlock to pin them in RAM)")
+    if args.no_mmap or LOAD_MODES[args.load_mode][1]:
+        log.warning("%s is accepted, but the experts are always used in place from the mmap (--mlock pins them "
+                    "in RAM)", "--no-mmap" if args.no_mmap else f"--load-mode {args.load_mode}")
     if args.slot_save_path:
         try:
             os.makedirs(args.slot_save_path, exist_ok=True)
@@ -299,6 +358,7 @@ def run(args: argparse.Namespace) -> int:
                     "noise. Pass -m FILE for a real model.", path)
     _preflight(args, path)
     keys = _api_keys(args)
+    https = _ssl_files(args)
     from hybridmoe.server.listen import describe_socket, listen_sockets
 
     sockets = listen_sockets(args.host, args.port)
@@ -312,18 +372,19 @@ def run(args: argparse.Namespace) -> int:
     cors = CorsConfig(origins=args.cors_origins, methods=args.cors_methods, headers=args.cors_headers,
                       credentials=args.cors_credentials)
     state = ServerState(api_keys=keys, metrics_enabled=args.metrics, slots_enabled=args.slots, cors=cors,
-                        sse_ping_interval=args.sse_ping_interval)
+                        sse_ping_interval=args.sse_ping_interval, ui=args.ui, api_prefix=args.api_prefix)
     state.max_body_bytes = settings.limits.max_body_bytes
     app = create_app(state)
     grace = settings.limits.shutdown_grace
     config = uvicorn.Config(app, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=grace + GracefulServer.FINAL_EVENT_SECONDS)
+                            timeout_graceful_shutdown=grace + GracefulServer.FINAL_EVENT_SECONDS, **https)
     server = GracefulServer(config, grace, state)
     loader = threading.Thread(target=_load, args=(args, settings, path, state, server), name="hybridmoe-load",
                               daemon=True)
     loader.start()
     for sock in sockets:
-        print(f"hybridmoe: listening on {describe_socket(sock)} (model {path})", flush=True)
+        where = describe_socket(sock, "https" if https else "http") + args.api_prefix
+        print(f"hybridmoe: listening on {where} (model {path})", flush=True)
     server.run(sockets=sockets)
     if state.serving is not None:
         state.serving.engine.close()

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hybridmoe.server import messages_api, responses_api
@@ -54,6 +54,8 @@ class ServerState:
     load_error: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     sse_ping_interval: float = 30.0  # --sse-ping-interval: seconds of silence before a stream pings (<= 0: never)
+    ui: bool = True  # --no-ui: no web page (its paths answer 404)
+    api_prefix: str = ""  # --api-prefix: every route under this path ("/api"), nothing outside it
 
 
 def _error(err: APIError, path: str = "") -> JSONResponse:
@@ -72,6 +74,33 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     param = ".".join(loc) or None
     msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
     return (f"{param}: {msg}" if param else msg), param
+
+
+class _ApiPrefixMiddleware:
+    """--api-prefix: `PREFIX/x` is served as `/x` (the path rewritten, so every route, key check and
+    error shape sees the same paths as without a prefix); any path outside it is a 404, as in
+    llama-server. The bare prefix redirects to `PREFIX/`, where the page's relative links resolve."""
+
+    def __init__(self, app: Any, prefix: str) -> None:
+        self.app = app
+        self.prefix = prefix
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path == self.prefix and scope["type"] == "http":
+            await RedirectResponse(self.prefix + "/", status_code=308)(scope, receive, send)
+            return
+        if not path.startswith(self.prefix + "/"):
+            await _error(APIError(404, "Not Found", type="not_found_error"), path)(scope, receive, send)
+            return
+        inner = path[len(self.prefix):]
+        raw = scope.get("raw_path")
+        scope = {**scope, "path": inner,
+                 "raw_path": raw[len(self.prefix):] if raw and raw.startswith(self.prefix.encode()) else raw}
+        await self.app(scope, receive, send)
 
 
 class _ApiKeyMiddleware:
@@ -106,6 +135,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(_ApiKeyMiddleware, state=state)
     # Browser UIs call llama-server cross-origin; added last = outermost, so preflights skip the key.
     app.add_middleware(CorsMiddleware, config=state.cors)
+    if state.api_prefix:
+        app.add_middleware(_ApiPrefixMiddleware, prefix=state.api_prefix)  # outermost: the others see inner paths
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -250,7 +281,8 @@ def create_app(state: ServerState) -> FastAPI:
         for path in paths:
             app.add_api_route(path, _not_supported(why), methods=["POST"], include_in_schema=False)
 
-    add_webui_routes(app)
+    if state.ui:
+        add_webui_routes(app)
     register_native_routes(app, serving, respond)
     return app
 

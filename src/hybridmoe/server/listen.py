@@ -58,8 +58,8 @@ def _bind(sock: socket.socket, addr: object, options: list[tuple[int, int, int]]
     return sock
 
 
-def describe_socket(sock: socket.socket) -> str:
+def describe_socket(sock: socket.socket, scheme: str = "http") -> str:
     if sock.family == socket.AF_UNIX:
         return f"unix:{sock.getsockname()}"
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{scheme}://{host}:{port}"

@@ -119,13 +119,13 @@ async function errorText(res) {
 
 async function loadServerInfo() {
   try {
-    const health = await fetch("/health");
+    const health = await fetch("health");
     if (health.status === 503) {
       setStatus("loading model…");
       setTimeout(loadServerInfo, 2000);
       return;
     }
-    const res = await apiFetch("/props");
+    const res = await apiFetch("props");
     if (!res.ok) {
       setStatus(await errorText(res), "error");
       return;
@@ -396,7 +396,7 @@ async function send(text) {
   renderSidebar();
   renderMessages();
   try {
-    const res = await apiFetch("/v1/chat/completions", {
+    const res = await apiFetch("v1/chat/completions", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body,
