@@ -79,3 +79,52 @@ def test_the_engine_writes_the_close_on_a_real_model(tiny_llm, monkeypatch):
         n = len(start) + budget
         assert ids[:len(start)] == list(start) and end[0] not in ids[len(start):n]
         assert ids[n : n + len(forced)] == list(forced)
+
+
+def test_end_now_closes_the_section_it_is_in():
+    """llama-server's reasoning control: no token limit, the close written when asked."""
+    unlimited = ReasoningBudget(START, END, (7, 8) + END, None)
+    s = BudgetState(unlimited, [])
+    assert run(s, [4, 1, 2, 3] + [5] * 50) == [4, 1, 2, 3] + [5] * 50  # never closed by itself
+    s = BudgetState(unlimited, [])
+    assert not s.end_now()  # not thinking: nothing to close
+    out = run(s, [1, 2, 3, 5, 5])
+    assert s.end_now() and not s.end_now()  # asked twice: one close
+    out += run(s, [6, 60])
+    assert out == [1, 2, 3, 5, 5, 7, 8, 9, 6, 60] and not s.inside
+    assert not s.end_now()
+
+
+def test_the_engine_ends_the_thinking_when_asked(tiny_llm, monkeypatch):
+    from hybridmoe.engine.engine import Engine, GenerationRequest
+    from hybridmoe.engine.sampling import SamplingParams
+    from tests.server.scripted_serve import script_request, scripted_sampling
+
+    scripted_sampling(monkeypatch)
+    tok = tiny_llm.tokenizer
+    start = tuple(tok.encode("<|channel|>analysis<|message|>", allow_special=True))
+    end = tuple(tok.encode("<|end|>", allow_special=True))
+    thinking = tok.encode(" a" * 40, allow_special=False)
+    prompt = tok.encode("<|start|>user<|message|>Hi<|end|><|start|>assistant", allow_special=True)
+    engine = Engine(tiny_llm, 1, 256, max_queue=2)
+    req = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=60),
+                            reasoning_budget=ReasoningBudget(start, end, end, None))
+    script_request(req.request_id, list(start) + thinking)
+    handle = engine.submit(req)
+    ids: list[int] = []
+    while len(ids) < len(start) + 5:
+        engine.step()
+        while not handle._q.empty():
+            ev = handle._q.get()
+            if ev.token_id is not None:
+                ids.append(ev.token_id)
+    assert handle.end_reasoning()
+    at = len(ids)
+    while not handle.finished:
+        engine.step()
+    ids += [ev.token_id for ev in handle if ev.token_id is not None]
+    assert ids[:at] == list(start) + thinking[: at - len(start)]
+    assert ids[at : at + len(end)] == list(end)  # the next token after the ask closes the thinking
+    assert not handle.end_reasoning()  # ended
+    plain = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=2))
+    assert not engine.submit(plain).end_reasoning()  # no budget to close with

@@ -348,3 +348,54 @@ def test_messages_thinking_budget_is_held(server):
     assert status == 200, r
     thinking = [b["thinking"] for b in r["content"] if b["type"] == "thinking"]
     assert thinking == [chat["choices"][0]["message"]["reasoning_content"]]
+
+
+def _stream_lines(server, body: dict):
+    """The data lines of a streamed chat completion, as they arrive."""
+    import urllib.request
+
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"}
+    url = server.base_url + "/v1/chat/completions"
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
+@pytest.mark.parametrize("armed", [True, False])
+def test_reasoning_control_ends_the_thinking_of_a_running_chat(server, armed):
+    """llama-server's POST /v1/chat/completions/control {id, action: reasoning_end}: the analysis of
+    a running completion that armed it (reasoning_control) is closed at once; the model goes on."""
+    long_thinking = " a" * 600
+    server.script("<|channel|>analysis<|message|>" + long_thinking)
+    body = {"messages": USER, "max_tokens": 700, "temperature": 0, "stream": True, "reasoning_format": "auto",
+            "reasoning_control": armed}
+    reasoning, answers, finish = "", [], None
+    for chunk in _stream_lines(server, body):
+        delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
+        reasoning += delta.get("reasoning_content") or ""
+        finish = chunk["choices"][0].get("finish_reason") if chunk["choices"] else finish
+        if not answers and reasoning.count("a") >= 3:
+            status, answer = server.request("POST", "/v1/chat/completions/control",
+                                            {"id": chunk["id"], "action": "reasoning_end"})
+            assert status == 200, answer
+            answers.append((chunk["id"], answer))
+    cmpl_id, answer = answers[0]
+    if armed:
+        assert answer == {"success": True}
+        assert reasoning.startswith(" a a a") and not reasoning.startswith(" a" * 100), reasoning  # closed at once
+    else:
+        assert answer == {"success": False, "message": "reasoning control not enabled for this completion"}
+        assert reasoning.startswith(long_thinking)
+    assert finish is not None
+    status, after = server.request("POST", "/v1/chat/completions/control", {"id": cmpl_id, "action": "reasoning_end"})
+    assert (status, after) == (200, {"success": False, "message": "no active completion for this id"})
+
+
+@pytest.mark.parametrize("body,param", [({"action": "reasoning_end"}, "id"),
+                                        ({"id": "chatcmpl-x", "action": "stop"}, "action")])
+def test_reasoning_control_bad_requests(server, body, param):
+    status, err = server.request("POST", "/v1/chat/completions/control", body)
+    assert status == 400 and err["error"]["param"] == param, err

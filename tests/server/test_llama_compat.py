@@ -361,7 +361,8 @@ def test_flags_seed_alias_tags_n_predict_verbose(flagged):
 
 
 @pytest.mark.parametrize("path", ["/infill", "/embedding", "/embeddings", "/v1/embeddings", "/rerank",
-                                  "/reranking", "/v1/rerank", "/v1/reranking"])
+                                  "/reranking", "/v1/rerank", "/v1/reranking", "/v1/audio/transcriptions",
+                                  "/audio/transcriptions"])
 def test_routes_for_other_model_kinds_answer_501(server, path):
     """llama-server answers these with 501 not_supported_error for a model without the ability
     (no FIM tokens, no --embeddings / --reranking); so do we, saying why, rather than 404."""

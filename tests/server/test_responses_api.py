@@ -220,3 +220,14 @@ def test_output_text_logprobs_with_the_include(client, scripted_server):
     scripted_server.script(REASONED)
     plain = client.responses.create(model="tiny-test", input="Hi!", max_output_tokens=64, top_logprobs=3)
     assert plain.output[1].content[0].logprobs == []
+
+
+def test_the_routes_without_v1(scripted_server):
+    """The newest llama-server also serves /responses and /responses/input_tokens."""
+    scripted_server.script(REASONED)
+    status, out = scripted_server.request("POST", "/responses", {"model": "tiny-test", "input": "Hi"})
+    assert status == 200 and out["object"] == "response"
+    assert [item["type"] for item in out["output"]] == ["reasoning", "message"]
+    status, count = scripted_server.request("POST", "/responses/input_tokens", {"model": "tiny-test", "input": "Hi"})
+    _, count_v1 = scripted_server.request("POST", "/v1/responses/input_tokens", {"model": "tiny-test", "input": "Hi"})
+    assert status == 200 and count == count_v1 and count["input_tokens"] > 0, count

@@ -163,7 +163,8 @@ def test_chat_with_the_demo_model(page, demo_server: ServerProcess, tmp_path: Pa
                                   {"role": "user", "content": "Who was David?"}],
                      "stream": True, "stream_options": {"include_usage": True},
                      "temperature": 0, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "repeat_penalty": 1.1,
-                     "max_tokens": 48, "reasoning_effort": "low", "reasoning_budget_tokens": 6}]
+                     "max_tokens": 48, "reasoning_effort": "low", "reasoning_budget_tokens": 6,
+                     "reasoning_control": True}]
     assert page.is_visible("#send") and not page.is_visible("#stop")
     m = re.search(r"(\d+) tokens · (\d+\.\d) tok/s · prompt (\d+) tokens", meta)
     assert m and float(m.group(2)) > 0, meta
@@ -377,6 +378,58 @@ def test_stop_button_ends_a_streaming_reply(page, demo_server: ServerProcess):
     assert stored["stopped"] is True and "streaming" not in stored
     assert stored["content"].split() == shown.split() and len(shown.split()) >= 4
     assert page.is_enabled("#input")
+
+
+# A stream that thinks (a reasoning delta every 50 ms) until the page asks, through the control
+# endpoint, to end the thinking; then it answers. Both calls are answered in the browser.
+THINKING_STREAM = """
+(() => {
+  const realFetch = window.fetch;
+  window.__controls = [];
+  let answering = false;
+  window.fetch = (url, init = {}) => {
+    const u = String(url);
+    if (u.endsWith('v1/chat/completions/control')) {
+      window.__controls.push(JSON.parse(init.body));
+      answering = true;
+      return Promise.resolve(new Response('{"success": true}', {status: 200}));
+    }
+    if (!u.endsWith('v1/chat/completions')) return realFetch(url, init);
+    window.__sent = JSON.parse(init.body);
+    const enc = new TextEncoder();
+    let n = 0, timer;
+    const body = new ReadableStream({
+      start(ctrl) {
+        const chunk = (delta, finish) => ctrl.enqueue(enc.encode(`data: ${JSON.stringify(
+          {id: 'chatcmpl-ui', choices: [{index: 0, delta, finish_reason: finish || null}]})}\\n\\n`));
+        timer = setInterval(() => {
+          if (!answering) { chunk({reasoning_content: `step${n++} `}); return; }
+          clearInterval(timer);
+          chunk({content: 'The answer.'}, 'stop');
+          ctrl.enqueue(enc.encode('data: [DONE]\\n\\n'));
+          ctrl.close();
+        }, 50);
+      },
+      cancel() { clearInterval(timer); },
+    });
+    return Promise.resolve(new Response(body, {status: 200, headers: {'Content-Type': 'text/event-stream'}}));
+  };
+})();
+"""
+
+
+def test_answer_now_ends_the_thinking(page, demo_server: ServerProcess):
+    page.add_init_script(THINKING_STREAM)
+    open_with_key(page, demo_server)
+    assert not page.is_visible("#answer-now")
+    send(page, "Think it over")
+    page.wait_for_selector(".msg.assistant .reasoning-body:has-text('step3')")
+    assert page.is_visible("#answer-now") and page.is_visible("#stop")
+    page.click("#answer-now")
+    page.wait_for_selector(".msg.assistant .content:has-text('The answer.')")
+    assert page.evaluate("window.__controls") == [{"id": "chatcmpl-ui", "action": "reasoning_end"}]
+    assert page.evaluate("window.__sent")["reasoning_control"] is True
+    assert not page.is_visible("#answer-now") and page.is_visible("#send")
 
 
 def test_markdown_renderer_builds_only_safe_nodes(page, demo_server: ServerProcess):

@@ -55,11 +55,20 @@ class RequestHandle:
         self._aq: asyncio.Queue[EngineEvent] | None = asyncio.Queue() if loop is not None else None
         self._q: queue.Queue[EngineEvent] = queue.Queue()
         self.cancelled = threading.Event()
+        self.reasoning_end = threading.Event()  # end_reasoning() was asked; the engine acts between steps
         self.finished = False
         self.slot_id = -1  # the slot it was placed in (set at admission; stays after the end)
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def end_reasoning(self) -> bool:
+        """Ask the engine to close the thinking the reply is in (its reasoning budget, given at submit,
+        spent at once). False when the request has no budget to close with or has ended."""
+        if self.request.reasoning_budget is None or self.finished:
+            return False
+        self.reasoning_end.set()
+        return True
 
     def push(self, ev: EngineEvent) -> None:
         if ev.finish_reason is not None:
@@ -331,6 +340,10 @@ class Engine:
         for seq in self.scheduler.running():
             if seq.sink.cancelled.is_set():
                 self._finish(seq, "cancelled")
+            elif seq.sink.reasoning_end.is_set():
+                seq.sink.reasoning_end.clear()
+                if seq.budget is not None:
+                    seq.budget.end_now()
         for adm in self.scheduler.admit():
             adm.seq.sink.slot_id = adm.slot.id
             self._admit(adm)

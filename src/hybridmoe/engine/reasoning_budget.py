@@ -4,7 +4,8 @@ The server names the thinking's start and end as token sequences (gpt-oss: the a
 `<|channel|>analysis<|message|>` and `<|end|>`); once the reply has written `tokens` tokens of
 thinking, the budget message and the end are written for it, one forced token per step, and the
 model goes on from there (on gpt-oss, with its final answer). Each thinking section has its own
-budget, as in llama-server (checked by sending both servers the same requests).
+budget, as in llama-server (checked by sending both servers the same requests). A budget without a
+token count only closes the thinking when asked (`end_now`: llama-server's reasoning control).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ class ReasoningBudget:
     start: tuple[int, ...]  # tokens that open a thinking section
     end: tuple[int, ...]  # tokens that close it
     forced: tuple[int, ...]  # written when the budget is spent: the message's tokens, then `end`
-    tokens: int  # thinking tokens allowed per section (0: close each section as it opens)
+    tokens: int | None  # thinking tokens allowed per section (0: close each as it opens; None: no limit)
 
     def __post_init__(self) -> None:
-        if not self.start or not self.end or self.tokens < 0 or tuple(self.forced[-len(self.end):]) != self.end:
+        if (not self.start or not self.end or (self.tokens is not None and self.tokens < 0)
+                or tuple(self.forced[-len(self.end):]) != self.end):
             raise ValueError("a reasoning budget needs start and end tags, forced tokens ending with the end tag "
-                             f"and tokens >= 0, got {self}")
+                             f"and tokens >= 0 or None, got {self}")
 
 
 class BudgetState:
@@ -41,6 +43,14 @@ class BudgetState:
         self.used = 0
         if self.inside and budget.tokens == 0:
             self._queue.extend(budget.forced)
+
+    def end_now(self) -> bool:
+        """Close the thinking section the reply is in (its budget spent at once); False when it is in
+        none or its close is already being written."""
+        if not self.inside or self._queue:
+            return False
+        self._queue.extend(self.budget.forced)
+        return True
 
     def next_forced(self) -> int | None:
         """The token the reply must write next, or None (sample)."""
@@ -70,5 +80,5 @@ class BudgetState:
             return
         if count:
             self.used += 1
-            if self.used >= self.budget.tokens:
+            if self.budget.tokens is not None and self.used >= self.budget.tokens:
                 self._queue.extend(self.budget.forced)

@@ -26,6 +26,7 @@ from hybridmoe.server.protocol import (
     ApplyTemplateRequest,
     ChatCompletionRequest,
     CompletionRequest,
+    ControlRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
@@ -184,6 +185,10 @@ def create_app(state: ServerState) -> FastAPI:
     async def models() -> Any:
         return serving().models()
 
+    @app.post("/v1/chat/completions/control")
+    async def chat_control(req: ControlRequest) -> Any:
+        return serving().live_chats.control(req)
+
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
@@ -193,10 +198,12 @@ def create_app(state: ServerState) -> FastAPI:
     responses_store = ResponseStore()
 
     @app.post("/v1/responses")
+    @app.post("/responses")
     async def responses(req: ResponsesRequest, request: Request) -> Any:
         return respond(await responses_api.create(serving(), responses_store, req, request.is_disconnected), req)
 
     @app.post("/v1/responses/input_tokens")
+    @app.post("/responses/input_tokens")
     async def responses_input_tokens(req: ResponsesRequest) -> Any:
         return await responses_api.input_tokens(serving(), responses_store, req)
 
@@ -230,7 +237,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def props() -> Any:
         # llama-server's switches: which endpoints answer, its web UI (ours has no settings to push)
         return {**serving().props(), "endpoint_slots": state.slots_enabled, "endpoint_metrics": state.metrics_enabled,
-                "endpoint_props": False, "cors_proxy_enabled": False, "ui": True, "ui_settings": {}}
+                "endpoint_props": False, "cors_proxy_enabled": False, "ui": state.ui, "ui_settings": {}}
 
     @app.get("/lora-adapters")
     async def lora_adapters() -> Any:  # llama-server's list; none can be loaded here
@@ -293,6 +300,8 @@ _NOT_SUPPORTED = (
      "This server does not support embeddings: it serves generative gpt-oss models only"),
     (("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"),
      "This server does not support reranking: it serves generative gpt-oss models only"),
+    (("/v1/audio/transcriptions", "/audio/transcriptions"),
+     "The current model does not support audio input: gpt-oss takes text only"),
 )
 
 

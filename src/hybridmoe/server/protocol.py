@@ -235,6 +235,8 @@ class ChatCompletionRequest(SamplingFields):
     # and the end of the thinking are written for the model
     reasoning_budget_tokens: int = Field(default=-1, ge=-1)
     reasoning_budget_message: str | None = Field(default=None, max_length=4096)
+    # llama-server: the thinking may be ended early by POST /v1/chat/completions/control (reasoning_end)
+    reasoning_control: bool = False
     reasoning_format: Literal["none", "auto", "deepseek"] | None = None  # llama-server extra
     add_generation_prompt: bool = True  # llama-server extras: see server/chat_checks.py
     continue_final_message: bool | None = None
@@ -321,6 +323,13 @@ class TokenizeRequest(Lenient):
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
+
+
+class ControlRequest(Lenient):
+    """llama-server's POST /v1/chat/completions/control: act on a running chat completion."""
+
+    id: str = ""  # the completion's id, as its stream gave it
+    action: str = ""  # "reasoning_end": close the thinking now, so the model goes on to its answer
 
 
 class DetokenizeRequest(Lenient):

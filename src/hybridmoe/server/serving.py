@@ -31,6 +31,7 @@ from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, Queu
 from hybridmoe.engine.reasoning_budget import ReasoningBudget
 from hybridmoe.engine.sampling import SamplingParams
 from hybridmoe.server.chat_checks import check_messages
+from hybridmoe.server.chat_control import LiveChats
 from hybridmoe.server.chat_render import ChatRenderer, Rendered
 from hybridmoe.server.chat_view import ChatView
 from hybridmoe.server.constraint_fields import output_constraint, tool_arguments_spec
@@ -160,6 +161,7 @@ class Serving:
         self._tool_specs: dict[str, ConstraintSpec] = {}  # compiled tool-argument constraints by schema
         self._tool_specs_lock = threading.Lock()  # compiled in worker threads
         self.inflight = InFlight()
+        self.live_chats = LiveChats()  # for POST /v1/chat/completions/control
 
     # ---- request preparation ------------------------------------------------------------------
     def _render(self, messages: list[ChatMessage], tools: list[Tool] | None, effort: str | None,
@@ -412,6 +414,7 @@ class Serving:
                    disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
         handles, views = await self.start_chat_n(req)
         head = self._head("chatcmpl")
+        self.live_chats.add(head["id"], handles, armed=req.reasoning_control)
         if req.stream:
             return self._chat_stream(handles, views, head, _include_usage(req), req.return_progress)
         return await self._chat_full(handles, views, head, disconnected)
@@ -454,17 +457,19 @@ class Serving:
 
     def _reasoning_budget(self, req: ChatCompletionRequest) -> ReasoningBudget | None:
         """llama-server's reasoning budget on a harmony model: the analysis channel's tokens, then
-        the budget message and `<|end|>` written for the model (None: no limit)."""
+        the budget message and `<|end|>` written for the model (None: no limit). With
+        reasoning_control and no limit, a budget that only closes the thinking when asked."""
         tokens = req.reasoning_budget_tokens if req.reasoning_budget_tokens >= 0 else self.config.reasoning_budget
         tok = self.tokenizer
-        if tokens < 0 or tok.token_id("<|channel|>") is None or tok.token_id("<|end|>") is None:
+        if (tokens < 0 and not req.reasoning_control) or tok.token_id("<|channel|>") is None \
+                or tok.token_id("<|end|>") is None:
             return None
         message = req.reasoning_budget_message
         message = self.config.reasoning_budget_message if message is None else message
         end = (tok.token_id("<|end|>"),)
         forced = tuple(tok.encode(message, allow_special=False)) + end if message else end
         return ReasoningBudget(tuple(tok.encode("<|channel|>analysis<|message|>", allow_special=True)), end, forced,
-                               tokens)
+                               tokens if tokens >= 0 else None)
 
     async def _chat_full(self, handles: list[RequestHandle], views: list[ChatView], head: dict[str, Any],
                          disconnected: Disconnected | None) -> dict[str, Any]:

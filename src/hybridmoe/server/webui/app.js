@@ -311,7 +311,8 @@ function requestBody(history) {
     if (m.role === "user") messages.push({ role: "user", content: m.content });
     else if (m.content) messages.push({ role: "assistant", content: m.content });
   }
-  const body = { messages, stream: true, stream_options: { include_usage: true } };
+  // reasoning_control: the "Answer now" button may end the thinking (/v1/chat/completions/control)
+  const body = { messages, stream: true, stream_options: { include_usage: true }, reasoning_control: true };
   if (s.temperature !== "") body.temperature = Number(s.temperature);
   if (s.top_p !== "") body.top_p = Number(s.top_p);
   if (s.top_k !== "") body.top_k = parseInt(s.top_k, 10);
@@ -350,6 +351,7 @@ async function readEvents(res, onEvent) {
 }
 
 function onChunk(msg, chunk) {
+  if (chunk.id && state.streaming?.msg === msg) state.streaming.id = chunk.id;
   if (chunk.error) msg.error = chunk.error.message || JSON.stringify(chunk.error);
   const choice = chunk.choices?.[0];
   if (choice) {
@@ -369,11 +371,37 @@ function onChunk(msg, chunk) {
   if (chunk.timings) msg.timings = chunk.timings;
   if (chunk.usage) msg.usage = chunk.usage;
   scheduleRefresh(msg);
+  showAnswerNow();
+}
+
+/** "Answer now" while the reply is still thinking (and was not asked to stop already). */
+function showAnswerNow() {
+  const s = state.streaming;
+  const thinking = s && s.id && !s.endAsked && s.msg.reasoning && !s.msg.content && !s.msg.toolCalls.length;
+  $("answer-now").hidden = !thinking;
+}
+
+/** Ends the streaming reply's thinking: the model goes on to its answer. */
+async function answerNow() {
+  const s = state.streaming;
+  if (!s?.id || s.endAsked) return;
+  s.endAsked = true;
+  showAnswerNow();
+  try {
+    await apiFetch("v1/chat/completions/control", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ id: s.id, action: "reasoning_end" }),
+    });
+  } catch {
+    // the reply goes on thinking; nothing else to do
+  }
 }
 
 function setBusy(busy) {
   $("send").hidden = busy;
   $("stop").hidden = !busy;
+  if (!busy) $("answer-now").hidden = true;
 }
 
 async function send(text) {
@@ -460,6 +488,7 @@ $("input").addEventListener("keydown", (ev) => {
   }
 });
 $("stop").addEventListener("click", () => state.streaming?.controller.abort());
+$("answer-now").addEventListener("click", answerNow);
 $("new-chat").addEventListener("click", newConversation);
 $("open-settings").addEventListener("click", openSettings);
 $("settings-dialog").addEventListener("close", closeSettings);
