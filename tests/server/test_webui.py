@@ -432,6 +432,36 @@ def test_answer_now_ends_the_thinking(page, demo_server: ServerProcess):
     assert not page.is_visible("#answer-now") and page.is_visible("#send")
 
 
+def test_regenerate_and_edit(page, demo_server: ServerProcess):
+    """Regenerate asks again with the same conversation (greedy: the same reply); Edit takes a
+    message back into the box and drops it and what follows."""
+    open_with_key(page, demo_server)
+    page.evaluate("localStorage.setItem('hybridmoe.settings', JSON.stringify({temperature: '0', max_tokens: '24'}))")
+    page.reload()
+    page.wait_for_selector("#server-status.ok")
+    sent: list[dict] = []
+    page.on("request", lambda r: sent.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None)
+    send(page, "Who was David?")
+    page.wait_for_selector(".msg.assistant .msg-meta:has-text('tok/s')")
+    first = stored_conversations(page)[0]["messages"][1]["content"]
+    assert page.locator(".msg-regenerate").count() == 1 and page.locator(".msg-edit").count() == 1
+    page.click(".msg-regenerate")
+    page.wait_for_selector(".msg.assistant .msg-meta:has-text('tok/s')")
+    page.wait_for_selector(".msg-regenerate")
+    [conv] = stored_conversations(page)
+    assert [m["role"] for m in conv["messages"]] == ["user", "assistant"]
+    assert conv["messages"][1]["content"] == first  # temperature 0
+    assert len(sent) == 2 and sent[0] == sent[1]  # the same conversation asked again
+    page.click(".msg-edit")
+    assert page.input_value("#input") == "Who was David?"
+    assert page.locator(".msg").count() == 0 and stored_conversations(page)[0]["messages"] == []
+    page.fill("#input", "Who was Solomon?")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant .msg-meta:has-text('tok/s')")
+    assert sent[2]["messages"] == [{"role": "user", "content": "Who was Solomon?"}]
+    assert [m["content"] for m in stored_conversations(page)[0]["messages"]][:1] == ["Who was Solomon?"]
+
+
 def test_markdown_renderer_builds_only_safe_nodes(page, demo_server: ServerProcess):
     page.goto(demo_server.base_url + "/")
     cases = {

@@ -173,8 +173,30 @@ function messageEl(msg) {
   } else {
     wrap.append(el("div", "content plain"));
   }
-  wrap.append(el("div", "msg-meta"), el("div", "msg-error"));
+  wrap.append(el("div", "msg-meta"), el("div", "msg-error"), el("div", "msg-actions"));
   return wrap;
+}
+
+/** Regenerate on the last reply, Edit on the user's messages; none while a reply streams. */
+function actionButtons(msg) {
+  const conv = currentConv();
+  if (state.streaming || !conv) return [];
+  const button = (cls, text, title, onClick) => {
+    const b = el("button", `msg-action ${cls}`, text);
+    b.type = "button";
+    b.title = title;
+    b.addEventListener("click", onClick);
+    return b;
+  };
+  const i = conv.messages.indexOf(msg);
+  if (msg.role === "user") {
+    return [button("msg-edit", "Edit", "Take this message back into the box: it and what follows are removed",
+                   () => editFrom(conv, i))];
+  }
+  if (i === conv.messages.length - 1) {
+    return [button("msg-regenerate", "Regenerate", "Write this reply again", () => regenerate(conv))];
+  }
+  return [];
 }
 
 function toolCallEl(call) {
@@ -226,6 +248,7 @@ function fill(wrap, msg) {
   }
   wrap.querySelector(".msg-meta").textContent = metaText(msg);
   wrap.querySelector(".msg-error").textContent = msg.error || "";
+  wrap.querySelector(".msg-actions").replaceChildren(...actionButtons(msg));
 }
 
 function nearBottom(box) {
@@ -413,6 +436,29 @@ async function send(text) {
   }
   if (!conv.title) conv.title = text.replace(/\s+/g, " ").slice(0, 60);
   conv.messages.push({ role: "user", content: text });
+  await streamReply(conv);
+}
+
+/** The last reply again, from the same conversation (the server reuses the prompt it computed). */
+async function regenerate(conv) {
+  if (state.streaming || conv.messages.at(-1)?.role !== "assistant") return;
+  conv.messages.pop();
+  await streamReply(conv);
+}
+
+/** Message i goes back into the input box; it and everything after it leave the conversation. */
+function editFrom(conv, i) {
+  if (state.streaming) return;
+  $("input").value = conv.messages[i].content;
+  conv.messages.splice(i);
+  conv.updated = Date.now();
+  persist();
+  renderMessages();
+  $("input").focus();
+}
+
+/** Streams the assistant's reply to conv.messages (which ends with the user's turn). */
+async function streamReply(conv) {
   const body = JSON.stringify(requestBody(conv.messages));
   const msg = { role: "assistant", content: "", reasoning: "", toolCalls: [], streaming: true };
   conv.messages.push(msg);
@@ -441,7 +487,7 @@ async function send(text) {
     conv.updated = Date.now();
     persist();
     setBusy(false);
-    refresh(msg);
+    conv.messages.forEach(refresh);  // the reply's meta, and every message's actions are back
     renderSidebar();
   }
 }
