@@ -111,6 +111,21 @@ def test_env_api_key_and_key_file(tmp_path: Path):
     assert serve._api_keys(args) == ["env-key", "cli-key", "file-key"]
 
 
+def test_ui_config(tmp_path: Path, capsys):
+    assert serve._ui_settings(parse(["--webui-config", '{"temperature": 0.2}'], {})) == {"temperature": 0.2}
+    f = tmp_path / "ui.json"
+    f.write_text('{"systemMessage": "Hi"}')
+    assert serve._ui_settings(parse(["--ui-config-file", str(f)], {})) == {"systemMessage": "Hi"}
+    assert serve._ui_settings(parse([], {"LLAMA_ARG_UI_CONFIG_FILE": str(f)})) == {"systemMessage": "Hi"}
+    assert serve._ui_settings(parse([], {})) == {}
+    f.write_text("[1]")
+    with pytest.raises(ValueError, match="--ui-config-file .*expected a JSON object"):
+        serve._ui_settings(parse(["--ui-config-file", str(f)], {}))
+    with pytest.raises(SystemExit):
+        parse(["--ui-config", "{nope"], {})
+    assert "--ui-config" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value,prefix", [("/api", "/api"), ("api", "/api"), ("/api/", "/api"), ("/a/b", "/a/b"),
                                           ("/", "")])
 def test_api_prefix_spellings(value, prefix):
@@ -132,7 +147,8 @@ def env_server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> I
     tmp = tmp_path_factory.mktemp("env")
     env = {"LLAMA_ARG_MODEL": served_model, "LLAMA_ARG_N_PARALLEL": "3", "LLAMA_ARG_ALIAS": "env-model",
            "LLAMA_API_KEY": API_KEY, "LLAMA_ARG_API_PREFIX": "/llm", "LLAMA_ARG_THREADS": "1",
-           "LLAMA_ARG_LOG_FILE": str(tmp / "file.log"), "LLAMA_ARG_N_CPU_FFN": "2"}
+           "LLAMA_ARG_LOG_FILE": str(tmp / "file.log"), "LLAMA_ARG_N_CPU_FFN": "2",
+           "LLAMA_ARG_UI_CONFIG": '{"systemMessage": "Be brief.", "temperature": 0.5}'}
     srv = start_server(None, [], tmp / "server.log", API_KEY, prefix="/llm", env=env)
     yield srv
     stop_server(srv)
@@ -141,6 +157,7 @@ def env_server(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> I
 def test_a_server_configured_by_the_environment(env_server: ServerProcess):
     status, props = env_server.request("GET", "/props")
     assert status == 200 and props["total_slots"] == 3
+    assert props["ui_settings"] == {"systemMessage": "Be brief.", "temperature": 0.5} and props["ui"] is True
     status, models = env_server.request("GET", "/v1/models")
     assert status == 200 and models["data"][0]["id"] == "env-model"
     status, reply = env_server.request("POST", "/v1/chat/completions",

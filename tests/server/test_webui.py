@@ -462,6 +462,36 @@ def test_regenerate_and_edit(page, demo_server: ServerProcess):
     assert [m["content"] for m in stored_conversations(page)[0]["messages"]][:1] == ["Who was Solomon?"]
 
 
+def test_server_ui_config_gives_the_page_its_defaults(page, tmp_path_factory: pytest.TempPathFactory):
+    """--ui-config (llama-server's setting names) sets the defaults of a browser with no saved
+    settings; its own saved settings win."""
+    from hybridmoe.engine.llm import DEMO_MODEL
+
+    if not Path(DEMO_MODEL).exists():
+        pytest.skip(f"demo model not bundled at {DEMO_MODEL}")
+    config = '{"systemMessage": "Answer in one sentence.", "temperature": 0, "max_tokens": -1, "top_k": 5}'
+    srv = start_server(str(DEMO_MODEL), ["-t", "1", "-np", "1", "--ui-config", config],
+                       tmp_path_factory.mktemp("uiconfig") / "s.log", None)
+    try:
+        sent: list[dict] = []
+        page.on("request", lambda r: sent.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None)
+        page.goto(srv.base_url + "/")
+        page.wait_for_selector("#server-status.ok")
+        send(page, "Who was David?")
+        page.wait_for_selector(".msg.assistant .msg-meta:has-text('tok/s')")
+        assert sent[0]["messages"][0] == {"role": "system", "content": "Answer in one sentence."}
+        assert sent[0]["temperature"] == 0 and sent[0]["top_k"] == 5 and "max_tokens" not in sent[0]
+        page.evaluate("localStorage.setItem('hybridmoe.settings', JSON.stringify({temperature: '0.7'}))")
+        page.reload()
+        page.wait_for_selector("#server-status.ok")
+        send(page, "And Saul?")
+        page.wait_for_selector(".msg.assistant >> nth=1")
+        page.wait_for_function("document.querySelectorAll('.msg-meta').length >= 2")
+        assert sent[1]["temperature"] == 0.7 and sent[1]["messages"][0]["role"] == "user"
+    finally:
+        stop_server(srv)
+
+
 def test_markdown_renderer_builds_only_safe_nodes(page, demo_server: ServerProcess):
     page.goto(demo_server.base_url + "/")
     cases = {

@@ -50,7 +50,7 @@ _ONE_VALUE = """
 -jf --json-schema-file
 --path --log-colors -lv --verbosity
 --log-verbosity -sps --slot-prompt-similarity --media-path --models-dir
---models-max --models-preset --webui-config --webui-config-file --image-min-tokens
+--models-max --models-preset --image-min-tokens
 --image-max-tokens --fit-target -fitt --fit-ctx -fitc --pooling -r --reverse-prompt
 --n-probs --cache-type-k-draft --chat-template-file-draft
 --spec-draft-n-max --spec-draft-n-min --spec-draft-p-min --spec-draft-p-split --spec-draft-model
@@ -121,8 +121,8 @@ LLAMA_ARG_DEVICE --device  LLAMA_ARG_N_CPU_FFN --n-cpu-ffn  LLAMA_ARG_SPLIT_MODE
 LLAMA_ARG_TENSOR_SPLIT --tensor-split  LLAMA_ARG_MAIN_GPU --main-gpu  LLAMA_ARG_FIT_ESTIMATE --fit-print
 LLAMA_ARG_FIT_TARGET --fit-target  LLAMA_ARG_FIT_CTX --fit-ctx  LLAMA_ARG_MODEL_URL --model-url
 LLAMA_ARG_DOCKER_REPO --docker-repo  LLAMA_ARG_HF_REPO --hf-repo  LLAMA_ARG_HF_FILE --hf-file
-LLAMA_ARG_REUSE_PORT --reuse-port  LLAMA_ARG_STATIC_PATH --path  LLAMA_ARG_UI_CONFIG --webui-config
-LLAMA_ARG_UI_CONFIG_FILE --webui-config-file  LLAMA_ARG_UI_MCP_PROXY --ui-mcp-proxy  LLAMA_ARG_TOOLS --tools
+LLAMA_ARG_REUSE_PORT --reuse-port  LLAMA_ARG_STATIC_PATH --path  LLAMA_ARG_UI_CONFIG --ui-config
+LLAMA_ARG_UI_CONFIG_FILE --ui-config-file  LLAMA_ARG_UI_MCP_PROXY --ui-mcp-proxy  LLAMA_ARG_TOOLS --tools
 LLAMA_ARG_TOOLS_RUNTIME --tools-runtime  LLAMA_ARG_MCP_SERVERS_CONFIG --mcp-servers-config
 LLAMA_ARG_MCP_SERVERS_JSON --mcp-servers-json  LLAMA_ARG_AGENT --agent  LLAMA_ARG_EMBEDDINGS --embeddings
 LLAMA_ARG_RERANKING --reranking  LLAMA_ARG_TIMEOUT --timeout  LLAMA_ARG_THREADS_HTTP --threads-http

@@ -165,6 +165,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
       help="serve every endpoint and the web page under this path (e.g. /api); nothing outside it")
     a("--ui", "--webui", dest="ui", action="store_true", default=True, help="serve the web chat page (default)")
     a("--no-ui", "--no-webui", dest="ui", action="store_false", help="no web chat page (its paths answer 404)")
+    a("--ui-config", "--webui-config", type=_json_object, default=None, metavar="JSON",
+      help="the chat page's defaults for new visitors (llama-server's keys: systemMessage, temperature, top_k, "
+           "top_p, min_p, repeat_penalty, max_tokens), as /props ui_settings")
+    a("--ui-config-file", "--webui-config-file", default=None, metavar="PATH", help="--ui-config from a file")
     a("--ssl-key-file", default=None, metavar="FNAME", help="PEM private key: serve HTTPS (with --ssl-cert-file)")
     a("--ssl-cert-file", default=None, metavar="FNAME", help="PEM certificate: serve HTTPS (with --ssl-key-file)")
     a("--log-file", default=None, metavar="FNAME", help="write the log to this file as well")
@@ -188,6 +192,18 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
         lines = (ln.strip() for ln in Path(args.api_key_file).read_text().splitlines())
         keys += [ln for ln in lines if ln and not ln.startswith("#")]
     return keys
+
+
+def _ui_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """--ui-config-file, else --ui-config (llama-server reads the one given last; both is a mistake)."""
+    if args.ui_config_file:
+        try:
+            return _json_object(Path(args.ui_config_file).read_text())
+        except OSError as e:
+            raise ValueError(f"--ui-config-file {args.ui_config_file}: {e.strerror or e}") from None
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"--ui-config-file {args.ui_config_file}: {e}") from None
+    return args.ui_config or {}
 
 
 def _ssl_files(args: argparse.Namespace) -> dict[str, str]:
@@ -359,6 +375,7 @@ def run(args: argparse.Namespace) -> int:
     _preflight(args, path)
     keys = _api_keys(args)
     https = _ssl_files(args)
+    ui_settings = _ui_settings(args)
     from hybridmoe.server.listen import describe_socket, listen_sockets
 
     sockets = listen_sockets(args.host, args.port)
@@ -372,7 +389,8 @@ def run(args: argparse.Namespace) -> int:
     cors = CorsConfig(origins=args.cors_origins, methods=args.cors_methods, headers=args.cors_headers,
                       credentials=args.cors_credentials)
     state = ServerState(api_keys=keys, metrics_enabled=args.metrics, slots_enabled=args.slots, cors=cors,
-                        sse_ping_interval=args.sse_ping_interval, ui=args.ui, api_prefix=args.api_prefix)
+                        sse_ping_interval=args.sse_ping_interval, ui=args.ui, api_prefix=args.api_prefix,
+                        ui_settings=ui_settings)
     state.max_body_bytes = settings.limits.max_body_bytes
     app = create_app(state)
     grace = settings.limits.shutdown_grace

@@ -57,6 +57,7 @@ class ServerState:
     sse_ping_interval: float = 30.0  # --sse-ping-interval: seconds of silence before a stream pings (<= 0: never)
     ui: bool = True  # --no-ui: no web page (its paths answer 404)
     api_prefix: str = ""  # --api-prefix: every route under this path ("/api"), nothing outside it
+    ui_settings: dict[str, Any] = field(default_factory=dict)  # --ui-config: the page's defaults (/props)
 
 
 def _error(err: APIError, path: str = "") -> JSONResponse:
@@ -235,9 +236,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/props")
     async def props() -> Any:
-        # llama-server's switches: which endpoints answer, its web UI (ours has no settings to push)
+        # llama-server's switches: which endpoints answer, its web UI and the page's defaults
         return {**serving().props(), "endpoint_slots": state.slots_enabled, "endpoint_metrics": state.metrics_enabled,
-                "endpoint_props": False, "cors_proxy_enabled": False, "ui": state.ui, "ui_settings": {}}
+                "endpoint_props": False, "cors_proxy_enabled": False, "ui": state.ui, "ui_settings": state.ui_settings}
 
     @app.get("/lora-adapters")
     async def lora_adapters() -> Any:  # llama-server's list; none can be loaded here

@@ -131,11 +131,28 @@ async function loadServerInfo() {
       return;
     }
     const props = await res.json();
+    applyServerDefaults(props.ui_settings);
     $("model-name").textContent = props.model_alias || "";
     const ctx = props.default_generation_settings?.n_ctx;
     setStatus(ctx ? `ready · context ${ctx} tokens per slot` : "ready", "ok");
   } catch (e) {
     setStatus(`server unreachable: ${e.message}`, "error");
+  }
+}
+
+// The server's --ui-config (llama-server's setting names) -> ours. They are the defaults of a
+// browser that has saved no settings of its own; saving the settings dialog keeps its values.
+const SERVER_SETTING_NAMES = {
+  systemMessage: "system", temperature: "temperature", top_k: "top_k", top_p: "top_p", min_p: "min_p",
+  repeat_penalty: "repeat_penalty", max_tokens: "max_tokens",
+};
+
+function applyServerDefaults(uiSettings) {
+  if (!uiSettings || localStorage.getItem(STORE.settings) !== null) return;
+  for (const [theirs, ours] of Object.entries(SERVER_SETTING_NAMES)) {
+    const v = uiSettings[theirs];
+    if (ours === "max_tokens" && Number(v) < 1) continue;  // llama-server's -1: no limit, our empty field
+    if (typeof v === "string" || typeof v === "number") state.settings[ours] = String(v);
   }
 }
 
