@@ -100,7 +100,8 @@ def test_variables_of_flags_set_aside_are_noted_not_applied():
 
 def test_every_variable_names_a_flag_we_take_or_set_aside():
     ours = parser()._subparsers._group_actions[0].choices["serve"]._option_string_actions
-    stray = {env: flag for env, flag in LLAMA_ENV_FLAGS.items() if flag not in ours and flag not in LLAMA_SERVER_ONLY_FLAGS}
+    stray = {env: flag for env, flag in LLAMA_ENV_FLAGS.items()
+             if flag not in ours and flag not in LLAMA_SERVER_ONLY_FLAGS}
     assert stray == {}
 
 
@@ -132,8 +133,9 @@ def test_api_prefix_spellings(value, prefix):
     assert parse(["--api-prefix", value], {}).api_prefix == prefix
 
 
-@pytest.mark.parametrize("mode,mlock,no_mmap", [("auto", False, False), ("mmap", False, False), ("none", False, True),
-                                                ("mlock", True, False), ("mmap+mlock", True, False), ("dio", False, True)])
+@pytest.mark.parametrize("mode,mlock,no_mmap", [
+    ("auto", False, False), ("mmap", False, False), ("none", False, True), ("mlock", True, False),
+    ("mmap+mlock", True, False), ("dio", False, True)])
 def test_load_modes(mode, mlock, no_mmap):
     args = parse(["-lm", mode], {})
     assert serve.LOAD_MODES[args.load_mode] == (mlock, no_mmap)
