@@ -253,3 +253,22 @@ def test_https_files_are_checked_before_the_port_is_bound(served_model: str, tmp
     assert main(["serve", "-m", served_model, "--port", "0", *argv]) == 1
     err = capsys.readouterr().err
     assert f"hybridmoe serve: error: {message}" in err and "listening" not in err
+
+
+def test_a_model_from_the_hugging_face_cache(served_model: str, tmp_path: Path):
+    """`-hf ORG/NAME:TAG` as llama-server users run it, the file already in the cache (here the
+    suite's tiny model in the hub's layout): served, and named by its repository."""
+    commit = "89abcdef" * 5
+    repo_dir = tmp_path / "models--org--tiny-GGUF"
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    (repo_dir / "snapshots" / commit).mkdir(parents=True)
+    (repo_dir / "snapshots" / commit / "tiny-Q8_0.gguf").symlink_to(served_model)
+    srv = start_server(None, ["-hf", "org/tiny-GGUF:Q8_0", "-t", "1", "-np", "1"], tmp_path / "s.log", None,
+                       env={"HF_HUB_CACHE": str(tmp_path)})
+    try:
+        status, models = srv.request("GET", "/v1/models")
+        assert status == 200 and models["data"][0]["id"] == "org/tiny-GGUF:Q8_0"
+        assert "(from the Hugging Face cache)" in srv.log()
+    finally:
+        stop_server(srv)

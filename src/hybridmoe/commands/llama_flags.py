@@ -39,7 +39,7 @@ _ONE_VALUE = """
 -tb --threads-batch -C --cpu-mask -Cr --cpu-range --cpu-strict --prio --poll -Cb --cpu-mask-batch
 -Crb --cpu-range-batch --cpu-strict-batch --prio-batch --poll-batch -dev --device -ts --tensor-split
 -sm --split-mode -mg --main-gpu --numa -to --timeout --threads-http --cache-reuse -dt --defrag-thold
--hf -hfr --hf-repo -hff --hf-file -hft --hf-token -hfd -hfrd --hf-repo-draft -hfv -hfrv --hf-repo-v
+-hft --hf-token -hfd -hfrd --hf-repo-draft -hfv -hfrv --hf-repo-v
 -hffv --hf-file-v -mu --model-url -md --model-draft -ngld --gpu-layers-draft --n-gpu-layers-draft
 -devd --device-draft -ncmoed --n-cpu-moe-draft -otd --override-tensor-draft --draft-max --draft
 --draft-n --draft-min --draft-n-min --draft-p-min -cd --ctx-size-draft -td --threads-draft

@@ -112,6 +112,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     a = p.add_argument
     a("-m", "--model", default=None, help="GGUF file (first part of a split model); default: bundled demo")
+    a("-hf", "-hfr", "--hf-repo", default=None, metavar="ORG/NAME[:TAG]",
+      help="a model in the Hugging Face cache, picked as llama-server -hf does (which, or huggingface-cli, "
+           "fetched it); nothing is downloaded")
+    a("-hff", "--hf-file", default=None, metavar="FILE", help="with -hf: this file of the repository")
     a("--version", action="version", version=f"hybridmoe {__version__}")
     a("--host", default="127.0.0.1", help="address(es) to listen on, comma-separated (UNIX socket: a path "
                                           "ending in .sock); with several, :: binds IPv6 only")
@@ -232,7 +236,21 @@ def _log_to_file(path: str) -> None:
 
 
 def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
-    """(path, is_random): the given file, the bundled demo, or a synthetic tiny model made once."""
+    """(path, is_random): -hf's cached file (it wins over -m, as in llama-server), the given file,
+    the bundled demo, or a synthetic tiny model made once."""
+    if args.hf_repo:
+        from hybridmoe.gguf.hf_cache import resolve
+
+        try:
+            path = resolve(args.hf_repo, args.hf_file)
+        except ValueError as e:
+            raise SystemExit(f"hybridmoe serve: error: {e}") from None
+        if args.model:
+            log.warning("-hf %s replaces -m %s, as in llama-server", args.hf_repo, args.model)
+        log.info("-hf %s: %s (from the Hugging Face cache)", args.hf_repo, path)
+        return path, False
+    if args.hf_file:
+        log.warning("ignoring -hff %s: it picks a file of the -hf repository, and no -hf was given", args.hf_file)
     if args.model:
         from hybridmoe.gguf.validate import check_regular_file
 
@@ -307,7 +325,7 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
                         cache=_cache_config(s.prompt_cache), speculative=s.speculative).start()
         config = ServingConfig(
             model_path=path,
-            alias=args.alias,
+            alias=args.alias or args.hf_repo,  # llama-server names an -hf model by its repository
             tags=[t.strip() for t in (args.tags or "").split(",") if t.strip()],
             reasoning_format="none" if args.skip_chat_parsing else args.reasoning_format,
             reasoning=args.reasoning,
