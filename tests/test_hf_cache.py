@@ -101,3 +101,19 @@ def test_serve_takes_the_model_from_the_cache(tmp_path: Path, tiny_gguf: str, mo
     with pytest.raises(SystemExit) as e:
         main(["serve", "-hf", "org/missing-GGUF", "--port", "0"])
     assert str(e.value.code).startswith("hybridmoe serve: error: -hf org/missing-GGUF: org/missing-GGUF is not in")
+
+
+def test_plan_and_generate_take_hf_too(tmp_path: Path, tiny_gguf: str, monkeypatch, capsys):
+    from hybridmoe.cli import main
+
+    snap = cache_with(tmp_path, "org/tiny-GGUF", [])
+    (snap / "tiny-Q8_0.gguf").symlink_to(tiny_gguf)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert main(["plan", "-hf", "org/tiny-GGUF", "-c", "256"]) == 0
+    assert "layers" in capsys.readouterr().out
+    assert main(["generate", "-hf", "org/tiny-GGUF", "-p", "Hi", "-n", "2", "-t", "1", "-c", "64"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "-c", "256"]) == 1
+    assert "hybridmoe plan: error: a model is required: -m FILE or -hf ORG/NAME" in capsys.readouterr().err
+    assert main(["plan", "-hf", "org/absent"]) == 1
+    assert "org/absent is not in the Hugging Face cache" in capsys.readouterr().err

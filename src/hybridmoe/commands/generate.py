@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hybridmoe.commands.model_source import add_model_args, model_file
 from hybridmoe.settings import (
     ComputeSettings,
     ContextSettings,
@@ -19,7 +20,7 @@ from hybridmoe.settings import (
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text from a prompt", description=__doc__, allow_abbrev=False)
-    p.add_argument("-m", "--model", default=None, help="GGUF file (default: the bundled demo model)")
+    add_model_args(p, "GGUF file (default: the bundled demo model)")
     p.add_argument("-p", "--prompt", default="Hello", help="prompt text (special tokens allowed)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at an end token")
     add_sampling_args(p)
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     placement = PlacementSettings.from_args(args)
     from hybridmoe.engine.llm import LLM
 
-    llm = LLM(args.model, compute=compute, placement=placement, context=context, progress=True)
+    llm = LLM(model_file(args), compute=compute, placement=placement, context=context, progress=True)
     res = llm.generate(
         args.prompt, max_tokens=sampling.n_predict, temperature=sampling.temperature, top_k=sampling.top_k,
         top_p=sampling.top_p, min_p=sampling.min_p, seed=sampling.request_seed, ignore_eos=args.ignore_eos,

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from hybridmoe.commands.model_source import add_model_args, model_file
 from hybridmoe.gguf.residency import available_ram_bytes
 from hybridmoe.placement.memory import GIB
 from hybridmoe.placement.plan import PlacementOptions, check_fits, make_plan
@@ -31,7 +32,7 @@ from hybridmoe.settings import (
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="print the tensor placement and memory plan",
                        description=__doc__, allow_abbrev=False)
-    p.add_argument("-m", "--model", required=True, help="GGUF file (first part of a split model)")
+    add_model_args(p, "GGUF file (first part of a split model); this or -hf is required")
     add_placement_args(p)
     add_context_args(p)
     add_parallel_args(p)
@@ -59,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         options = options_from_args(args)
-        mf = open_model(args.model)
+        path = model_file(args)
+        if path is None:
+            raise ValueError("a model is required: -m FILE or -hf ORG/NAME")
+        mf = open_model(path)
         try:
             cfg = GptOssConfig.from_metadata(mf.metadata, mf.path)
             plan = make_plan(cfg, mf.tensors, options)
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         except BrokenPipeError:  # `hybridmoe plan --json | head` is fine
             sys.stderr.close()
         return 0
-    name = mf.metadata.get("general.name", args.model)
+    name = mf.metadata.get("general.name", mf.path)
     print(f"{name}: {cfg.n_layers} layers, {cfg.n_experts} experts (top-{cfg.n_experts_used})")
     print(format_plan(plan, ram))
     budget = options.placement.vram_budget

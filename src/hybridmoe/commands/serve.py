@@ -21,6 +21,7 @@ from typing import Any
 
 from hybridmoe import __version__
 from hybridmoe.commands.llama_flags import is_flag
+from hybridmoe.commands.model_source import add_model_args, model_file
 from hybridmoe.settings import (
     ComputeSettings,
     ContextSettings,
@@ -111,11 +112,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         allow_abbrev=False,  # an unknown llama-server flag must never match one of ours by prefix
     )
     a = p.add_argument
-    a("-m", "--model", default=None, help="GGUF file (first part of a split model); default: bundled demo")
-    a("-hf", "-hfr", "--hf-repo", default=None, metavar="ORG/NAME[:TAG]",
-      help="a model in the Hugging Face cache, picked as llama-server -hf does (which, or huggingface-cli, "
-           "fetched it); nothing is downloaded")
-    a("-hff", "--hf-file", default=None, metavar="FILE", help="with -hf: this file of the repository")
+    add_model_args(p, "GGUF file (first part of a split model); default: bundled demo")
     a("--version", action="version", version=f"hybridmoe {__version__}")
     a("--host", default="127.0.0.1", help="address(es) to listen on, comma-separated (UNIX socket: a path "
                                           "ending in .sock); with several, :: binds IPv6 only")
@@ -238,27 +235,16 @@ def _log_to_file(path: str) -> None:
 def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
     """(path, is_random): -hf's cached file (it wins over -m, as in llama-server), the given file,
     the bundled demo, or a synthetic tiny model made once."""
-    if args.hf_repo:
-        from hybridmoe.gguf.hf_cache import resolve
+    from hybridmoe.gguf.validate import check_regular_file
 
-        try:
-            path = resolve(args.hf_repo, args.hf_file)
-        except ValueError as e:
-            raise SystemExit(f"hybridmoe serve: error: {e}") from None
-        if args.model:
-            log.warning("-hf %s replaces -m %s, as in llama-server", args.hf_repo, args.model)
-        log.info("-hf %s: %s (from the Hugging Face cache)", args.hf_repo, path)
+    try:
+        path = model_file(args)
+        if path is not None:
+            check_regular_file(path)  # not found / a directory / a FIFO / a device, said as such
+    except ValueError as e:
+        raise SystemExit(f"hybridmoe serve: error: {e}") from None
+    if path is not None:
         return path, False
-    if args.hf_file:
-        log.warning("ignoring -hff %s: it picks a file of the -hf repository, and no -hf was given", args.hf_file)
-    if args.model:
-        from hybridmoe.gguf.validate import check_regular_file
-
-        try:
-            check_regular_file(args.model)  # not found / a directory / a FIFO / a device, said as such
-        except ValueError as e:
-            raise SystemExit(f"hybridmoe serve: error: {e}") from None
-        return args.model, False
     from hybridmoe.engine.llm import DEMO_MODEL, resolve_model_path
 
     return resolve_model_path(None), not DEMO_MODEL.is_file()
