@@ -253,3 +253,58 @@ def test_scheduler_imports_no_torch():
             "import hybridmoe.engine.scheduler, hybridmoe.engine.request\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("case", ["in_window", "at_checkpoint", "before_checkpoint_end"])
+def test_from_the_prompt_cache_dir_after_a_restart(tiny_llm, conv, case, tmp_path):
+    """serve --prompt-cache-dir: a slot's state and a RAM-cache entry written at shutdown come back
+    in a new engine; the follow-ups reuse them and write what a fresh computation writes."""
+    first, reply, follow, reference = conv
+    eng = make_engine(tiny_llm)
+    run(eng, first)
+    other = ids(120, 9)
+    run(eng, other)  # `first` goes to the RAM cache, `other` stays in the slot
+    n_files, n_bytes = eng.save_prompt_cache(str(tmp_path))
+    assert n_files == 2 and n_bytes == sum(p.stat().st_size for p in tmp_path.iterdir())
+    restarted = make_engine(tiny_llm)
+    assert restarted.load_prompt_cache(str(tmp_path))[0] == 2
+    out, cached = run(restarted, follow[case])
+    assert cached == EXPECTED_KEEP[case]
+    assert out == reference[case]
+    _, cached_other = run(restarted, other + ids(10, 10))
+    assert cached_other == len(other)
+
+
+def test_the_prompt_cache_dir_keeps_what_fits(tiny_llm, conv, tmp_path, caplog):
+    first, *_ = conv
+    eng = make_engine(tiny_llm)
+    run(eng, first)
+    assert eng.save_prompt_cache(str(tmp_path))[0] == 1
+    (saved,) = list(tmp_path.iterdir())
+    run(eng, first[:100] + ids(30, 11))  # the first state goes to the RAM cache: two to keep
+    assert eng.save_prompt_cache(str(tmp_path))[0] == 2 and saved.exists()  # same tokens, same file
+    # A state over the limit is not written, and files of states no longer kept go.
+    small = make_engine(tiny_llm, cache_ram_bytes=1)
+    run(small, first)
+    assert small.save_prompt_cache(str(tmp_path)) == (0, 0) and list(tmp_path.iterdir()) == []
+    # Files for another context or damaged ones are skipped, and said so.
+    eng.save_prompt_cache(str(tmp_path))
+    (tmp_path / ("0" * 24 + ".hmprompt")).write_bytes(b"junk")
+    with caplog.at_level("WARNING"):
+        assert make_engine(tiny_llm, ctx=256).load_prompt_cache(str(tmp_path)) == (0, 0)
+    assert "context size per slot" in caplog.text and "not a hybridmoe slot file" in caplog.text
+    assert make_engine(tiny_llm).load_prompt_cache(str(tmp_path / "absent")) == (0, 0)
+
+
+def test_choose_newest_first_without_prefixes_within_the_limit():
+    from hybridmoe.engine.prompt_store import Kept, choose
+    from hybridmoe.models.kv_cache import KVSnapshot
+
+    def kept(tokens: list[int], when: float, nbytes: int) -> Kept:
+        return Kept(tokens, KVSnapshot(len(tokens), 0, [(torch.zeros(nbytes, dtype=torch.uint8), torch.zeros(0),
+                                                          None)]), [], when)
+
+    a, a_prefix, b, big = kept([1, 2, 3, 4], 3.0, 10), kept([1, 2], 4.0, 5), kept([7, 8], 2.0, 10), kept([9], 1.0, 99)
+    assert choose([a, a_prefix, b, big], None) == [a, b, big]  # a_prefix is newer, but a holds it
+    assert choose([a, a_prefix, b, big], 25) == [a, b]
+    assert choose([a, b], 0) == []

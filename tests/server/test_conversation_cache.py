@@ -106,3 +106,26 @@ def test_slot_save_restore_erase(demo_server):
         assert status == 400 and err["error"]["param"] == field, (action, body, err)
     status, err = demo_server.request("POST", "/slots/7?action=erase")
     assert status == 400 and "does not exist" in err["error"]["message"]
+
+
+def test_the_prompt_cache_survives_a_restart(tmp_path):
+    """--prompt-cache-dir: a conversation computed before a restart (SIGTERM) is served from cache
+    after it, as long as the model, context and KV type are the same."""
+    args = ["-c", "4096", "-np", "1", "-t", "1", "--prompt-cache-dir", str(tmp_path / "cache")]
+    messages = [{"role": "user", "content": FIRST}]
+    srv = start_server(str(DEMO), args, tmp_path / "before.log", None)
+    try:
+        reply, usage, _ = chat(srv, messages)
+    finally:
+        stop_server(srv)
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+    assert "written to" in (tmp_path / "before.log").read_text()
+    assert len(list((tmp_path / "cache").glob("*.hmprompt"))) == 1
+    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": FOLLOW_UPS[0]}]
+    srv = start_server(str(DEMO), args, tmp_path / "after.log", None)
+    try:
+        _, usage2, _ = chat(srv, messages)
+    finally:
+        stop_server(srv)
+    assert "1 cached prompts" in (tmp_path / "after.log").read_text()
+    assert usage2["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 1, usage2

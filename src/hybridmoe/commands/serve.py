@@ -15,6 +15,7 @@ import os
 import ssl
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,18 @@ def _log_to_file(path: str) -> None:
     logging.getLogger().addHandler(handler)
 
 
+def _save_prompt_cache(engine: Any, directory: str) -> None:
+    """--prompt-cache-dir at shutdown; a failure is logged (the server is stopping either way)."""
+    t0 = time.perf_counter()
+    try:
+        n, nbytes = engine.save_prompt_cache(directory)
+    except (OSError, RuntimeError) as e:
+        log.error("prompt cache not saved to %s: %s", directory, e)
+        return
+    log.info("prompt cache: %d cached prompts (%.0f MiB) written to %s in %.1f s", n, nbytes / 2**20, directory,
+             time.perf_counter() - t0)
+
+
 def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
     """(path, is_random): -hf's cached file (it wins over -m, as in llama-server), the given file,
     the bundled demo, or a synthetic tiny model made once."""
@@ -308,7 +321,12 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
         if args.swa_full:
             llm.model.use_full_swa_cache()
         engine = Engine(llm, n_parallel, per_slot, s.limits.max_queue, batch_size=s.context.step_tokens,
-                        cache=_cache_config(s.prompt_cache), speculative=s.speculative).start()
+                        cache=_cache_config(s.prompt_cache), speculative=s.speculative)
+        if s.prompt_cache.cache_dir:
+            n, nbytes = engine.load_prompt_cache(s.prompt_cache.cache_dir)
+            log.info("prompt cache: %d cached prompts (%.0f MiB) read from %s", n, nbytes / 2**20,
+                     s.prompt_cache.cache_dir)
+        engine.start()
         config = ServingConfig(
             model_path=path,
             alias=args.alias or args.hf_repo,  # llama-server names an -hf model by its repository
@@ -400,7 +418,18 @@ def run(args: argparse.Namespace) -> int:
     grace = settings.limits.shutdown_grace
     config = uvicorn.Config(app, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=grace + GracefulServer.FINAL_EVENT_SECONDS, **https)
-    server = GracefulServer(config, grace, state)
+    stopped = threading.Event()
+
+    def stop_engine() -> None:
+        """Once, after the last request: the engine stopped, then the prompt cache written."""
+        if state.serving is None or stopped.is_set():
+            return
+        stopped.set()
+        state.serving.engine.close()
+        if settings.prompt_cache.cache_dir:
+            _save_prompt_cache(state.serving.engine, settings.prompt_cache.cache_dir)
+
+    server = GracefulServer(config, grace, state, on_stopped=stop_engine)
     loader = threading.Thread(target=_load, args=(args, settings, path, state, server), name="hybridmoe-load",
                               daemon=True)
     loader.start()
@@ -408,8 +437,7 @@ def run(args: argparse.Namespace) -> int:
         where = describe_socket(sock, "https" if https else "http") + args.api_prefix
         print(f"hybridmoe: listening on {where} (model {path})", flush=True)
     server.run(sockets=sockets)
-    if state.serving is not None:
-        state.serving.engine.close()
+    stop_engine()
     code = 1 if state.load_error else 0
     if loader.is_alive():
         # Stopped while loading: the loader's native threads cannot be joined, and C++ destructors

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from hybridmoe.engine.output import Metrics, OutputProcessor, find_stop, safe_prefix_len
 from hybridmoe.engine.request import EngineEvent, GenerationRequest, ModelInfo, Sequence, Usage
 from hybridmoe.engine.runner import ModelRunner
-from hybridmoe.engine.scheduler import Admission, CacheConfig, Scheduler
+from hybridmoe.engine.scheduler import MIN_SAVED_TOKENS, Admission, CacheConfig, CachedPrompt, Checkpoint, Scheduler
 from hybridmoe.engine.speculative import SHARED_STEP_STRETCH, SequenceDrafts, SpeculativeSettings, StepCosts
 
 __all__ = [
@@ -271,6 +271,35 @@ class Engine:
         self.scheduler.forget(slot)
         self.runner.drop_cache(slot_id)
         return {"n_erased": n}
+
+    # ---- the prompt cache across restarts (serve --prompt-cache-dir) ------------------------------------
+    def save_prompt_cache(self, directory: str) -> tuple[int, int]:
+        """Write the slots' and the RAM cache's states to `directory` (prompt_store.save); the engine
+        must be stopped (or never started). Returns (files, bytes)."""
+        from hybridmoe.engine import prompt_store
+
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("the engine is still running: close() it before saving its prompt cache")
+        sched = self.scheduler
+        states = [prompt_store.Kept(list(s.tokens), self.runner.snapshot(s.id, full_layers=True),
+                                    [c.data for c in s.checkpoints], s.last_used)
+                  for s in sched.slots if len(s.tokens) >= MIN_SAVED_TOKENS]
+        states += [prompt_store.Kept(list(e.tokens), e.data, [c.data for c in e.checkpoints], e.last_used)
+                   for e in sched.prompt_cache.entries]
+        return prompt_store.save(directory, self._identity(), states, sched.prompt_cache.limit)
+
+    def load_prompt_cache(self, directory: str) -> tuple[int, int]:
+        """Before start(): the states `save_prompt_cache` wrote into the RAM cache, as far as its
+        limit allows (files for another model, context or KV type are skipped). Returns (entries, bytes)."""
+        from hybridmoe.engine import prompt_store
+
+        cache = self.scheduler.prompt_cache
+        n = 0
+        for k in prompt_store.load(directory, self._identity(), self.runner.cache(0).check_snapshot):
+            checkpoints = [Checkpoint(c.length, c.ring_lo, c.nbytes, c) for c in k.checkpoints
+                           if c.length <= len(k.tokens)]
+            n += cache.put(CachedPrompt(k.tokens, k.snapshot.ring_lo, k.snapshot.nbytes, k.snapshot, checkpoints))
+        return n, cache.nbytes
 
     def status(self) -> dict[str, Any]:
         """Snapshot for /slots and /metrics (read without stopping the engine)."""

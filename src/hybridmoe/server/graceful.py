@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -19,10 +20,14 @@ class GracefulServer(uvicorn.Server):
     # cancels what still runs (one engine step ends every request).
     FINAL_EVENT_SECONDS = 5.0
 
-    def __init__(self, config: uvicorn.Config, grace: float, state: Any) -> None:
+    def __init__(self, config: uvicorn.Config, grace: float, state: Any,
+                 on_stopped: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.grace = grace
         self.state = state  # server.app.ServerState: its `serving` appears once the model is loaded
+        # Run once the requests are over. Here rather than after run(): uvicorn ends a run stopped by
+        # a signal by raising that signal again, and the process is gone before run() returns.
+        self.on_stopped = on_stopped
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         timer = asyncio.get_running_loop().call_later(self.grace, self.end_requests)
@@ -30,6 +35,8 @@ class GracefulServer(uvicorn.Server):
             await super().shutdown(sockets)
         finally:
             timer.cancel()
+        if self.on_stopped is not None:
+            self.on_stopped()
 
     def end_requests(self) -> None:
         serving = self.state.serving

@@ -105,11 +105,13 @@ class PromptCacheSettings:
     cache_ram_mib (-cram): MiB of RAM for prompts whose sequence went to another conversation;
         -1 = no limit, 0 = off, None = min(8192, a quarter of the available RAM), small beside the
         page cache that holds the mmap'd experts.
+    cache_dir (--prompt-cache-dir): where the cache is kept across restarts (None: not kept).
     """
 
     ctx_checkpoints: int = 32
     checkpoint_every: int = 2048
     cache_ram_mib: int | None = None
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         require(self.ctx_checkpoints >= 0, "-ctxcp/--ctx-checkpoints", "be >= 0", self.ctx_checkpoints)
@@ -127,7 +129,7 @@ class PromptCacheSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> PromptCacheSettings:
         return cls(ctx_checkpoints=args.ctx_checkpoints, checkpoint_every=args.checkpoint_min_step,
-                   cache_ram_mib=args.cache_ram)
+                   cache_ram_mib=args.cache_ram, cache_dir=args.prompt_cache_dir)
 
 
 def add_prompt_cache_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -143,6 +145,10 @@ def add_prompt_cache_args(parser: argparse.ArgumentParser) -> list[argparse.Acti
         g.add_argument("-cram", "--cache-ram", type=int, default=d.cache_ram_mib,
                        help="MiB of RAM for prompts whose slot went to another conversation (-1 = no limit, "
                             "0 = off; default: 8192 or a quarter of the available RAM, whichever is less)"),
+        g.add_argument("--prompt-cache-dir", default=None, metavar="DIR",
+                       help="keep the prompt cache across restarts: written to DIR at shutdown (newest "
+                            "first, up to --cache-ram), read back at start for the same model, context and "
+                            "KV type"),
         g.add_argument("--cache-idle-slots", action=argparse.BooleanOptionalAction, default=True,
                        help="accepted (always on): a slot's state moves to the RAM cache when another prompt "
                             "takes the slot"),
