@@ -272,3 +272,36 @@ def test_a_model_from_the_hugging_face_cache(served_model: str, tmp_path: Path):
         assert "(from the Hugging Face cache)" in srv.log()
     finally:
         stop_server(srv)
+
+
+def test_path_serves_another_web_ui(served_model: str, tmp_path: Path):
+    """llama-server's --path: the directory's files at / in place of the chat page, open like the
+    page; the API keeps its routes and its key."""
+    ui = tmp_path / "ui"
+    (ui / "assets").mkdir(parents=True)
+    (ui / "index.html").write_text("<html>my own ui</html>")
+    (ui / "assets" / "app.js").write_text("console.log(1)")
+    (tmp_path / "secret.txt").write_text("outside")
+    srv = start_server(served_model, ["--path", str(ui), "--api-key", API_KEY, "-t", "1", "-np", "1"],
+                       tmp_path / "s.log", API_KEY)
+    try:
+        page = "<html>my own ui</html>"
+        for path, text in (("/", page), ("/index.html", page), ("/assets/app.js", "console.log(1)")):
+            status, body = srv.request("GET", path, key=None)
+            assert (status, body) == (200, text), path
+        assert srv.request("GET", "/webui/app.js")[0] == 404  # the built-in page is not there
+        assert srv.request("GET", "/../secret.txt")[0] == 404
+        assert srv.request("GET", "/v1/models", key=None)[0] == 401
+        assert srv.request("GET", "/v1/models")[0] == 200
+        status, reply = srv.request("POST", "/v1/chat/completions",
+                                    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        assert status == 200, reply
+    finally:
+        stop_server(srv)
+
+
+def test_path_must_be_a_directory(served_model: str, tmp_path: Path, capsys):
+    from hybridmoe.cli import main
+
+    assert main(["serve", "-m", served_model, "--path", str(tmp_path / "nope"), "--port", "0"]) == 1
+    assert f"--path {tmp_path / 'nope'}: not a directory" in capsys.readouterr().err

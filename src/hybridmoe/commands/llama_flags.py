@@ -48,7 +48,7 @@ _ONE_VALUE = """
 --yarn-orig-ctx --yarn-ext-factor --yarn-attn-factor --yarn-beta-slow --yarn-beta-fast
 -gan --grp-attn-n -gaw --grp-attn-w --keep --grammar --grammar-file -j --json-schema
 -jf --json-schema-file
---path --log-colors -lv --verbosity
+--log-colors -lv --verbosity
 --log-verbosity -sps --slot-prompt-similarity --media-path --models-dir
 --models-max --models-preset --image-min-tokens
 --image-max-tokens --fit-target -fitt --fit-ctx -fitc --pooling -r --reverse-prompt

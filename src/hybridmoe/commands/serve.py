@@ -167,6 +167,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
       help="serve every endpoint and the web page under this path (e.g. /api); nothing outside it")
     a("--ui", "--webui", dest="ui", action="store_true", default=True, help="serve the web chat page (default)")
     a("--no-ui", "--no-webui", dest="ui", action="store_false", help="no web chat page (its paths answer 404)")
+    a("--path", dest="static_path", default=None, metavar="DIR",
+      help="serve this directory's files at / in place of the chat page (another web UI; public like the page)")
     a("--ui-config", "--webui-config", type=_json_object, default=None, metavar="JSON",
       help="the chat page's defaults for new visitors (llama-server's keys: systemMessage, temperature, top_k, "
            "top_p, min_p, repeat_penalty, max_tokens), as /props ui_settings")
@@ -398,6 +400,8 @@ def run(args: argparse.Namespace) -> int:
     keys = _api_keys(args)
     https = _ssl_files(args)
     ui_settings = _ui_settings(args)
+    if args.static_path and not os.path.isdir(args.static_path):
+        raise ValueError(f"--path {args.static_path}: not a directory")
     from hybridmoe.server.listen import describe_socket, listen_sockets
 
     sockets = listen_sockets(args.host, args.port)
@@ -412,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
                       credentials=args.cors_credentials)
     state = ServerState(api_keys=keys, metrics_enabled=args.metrics, slots_enabled=args.slots, cors=cors,
                         sse_ping_interval=args.sse_ping_interval, ui=args.ui, api_prefix=args.api_prefix,
-                        ui_settings=ui_settings)
+                        ui_settings=ui_settings, static_dir=args.static_path)
     state.max_body_bytes = settings.limits.max_body_bytes
     app = create_app(state)
     grace = settings.limits.shutdown_grace

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import hmac
 import logging
+from pathlib import Path
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.staticfiles import StaticFiles
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -58,6 +60,17 @@ class ServerState:
     ui: bool = True  # --no-ui: no web page (its paths answer 404)
     api_prefix: str = ""  # --api-prefix: every route under this path ("/api"), nothing outside it
     ui_settings: dict[str, Any] = field(default_factory=dict)  # --ui-config: the page's defaults (/props)
+    static_dir: str | None = None  # --path: files served at / in place of the chat page (public, as it is)
+
+    def is_static_file(self, path: str) -> bool:
+        """A file --path serves at `path` (its index.html for a directory)."""
+        if self.static_dir is None or not self.ui:
+            return False
+        root = Path(self.static_dir).resolve()
+        target = (root / path.lstrip("/")).resolve()
+        if target.is_dir():
+            target = target / "index.html"
+        return target.is_relative_to(root) and target.is_file()
 
 
 def _error(err: APIError, path: str = "") -> JSONResponse:
@@ -116,7 +129,8 @@ class _ApiKeyMiddleware:
         self.state = state
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and self.state.api_keys and scope["path"] not in PUBLIC_PATHS:
+        if (scope["type"] == "http" and self.state.api_keys and scope["path"] not in PUBLIC_PATHS
+                and not (scope["method"] in ("GET", "HEAD") and self.state.is_static_file(scope["path"]))):
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             auth = headers.get("authorization", "")
             key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
@@ -289,9 +303,12 @@ def create_app(state: ServerState) -> FastAPI:
         for path in paths:
             app.add_api_route(path, _not_supported(why), methods=["POST"], include_in_schema=False)
 
-    if state.ui:
-        add_webui_routes(app)
     register_native_routes(app, serving, respond)
+    if state.ui and state.static_dir is not None:
+        # llama-server's --path: the directory's files in place of the page; every route above wins.
+        app.mount("/", StaticFiles(directory=state.static_dir, html=True), name="static")
+    elif state.ui:
+        add_webui_routes(app)
     return app
 
 
