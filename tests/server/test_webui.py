@@ -448,6 +448,8 @@ def test_regenerate_and_edit(page, demo_server: ServerProcess):
     page.click(".msg-regenerate")
     page.wait_for_selector(".msg.assistant .msg-meta:has-text('tok/s')")
     page.wait_for_selector(".msg-regenerate")
+    # the same prompt again: all of it but the last token comes from the slot
+    assert re.search(r"prompt 1 tokens · .* · \d+ reused", page.inner_text(".msg.assistant .msg-meta"))
     [conv] = stored_conversations(page)
     assert [m["role"] for m in conv["messages"]] == ["user", "assistant"]
     assert conv["messages"][1]["content"] == first  # temperature 0

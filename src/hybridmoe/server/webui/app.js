@@ -241,6 +241,7 @@ function metaText(msg) {
     if (typeof t.prompt_per_second === "number" && t.prompt_n > 0) {
       parts.push(`prompt ${t.prompt_n} tokens · ${t.prompt_per_second.toFixed(1)} tok/s`);
     }
+    if (t.cache_n > 0) parts.push(`${t.cache_n} reused`);  // the conversation so far, not computed again
   }
   if (msg.stopped) parts.push("stopped");
   else if (msg.finish && msg.finish !== "stop") parts.push(`finish: ${msg.finish}`);
