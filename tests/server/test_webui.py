@@ -494,6 +494,19 @@ def test_server_ui_config_gives_the_page_its_defaults(page, tmp_path_factory: py
         stop_server(srv)
 
 
+def test_the_page_follows_the_systems_dark_theme(browser, demo_server: ServerProcess):
+    colors = {}
+    for scheme in ("light", "dark"):
+        context = browser.new_context(color_scheme=scheme)
+        pg = context.new_page()
+        pg.goto(demo_server.base_url + "/")
+        colors[scheme] = pg.evaluate("[getComputedStyle(document.body).backgroundColor, "
+                                     "getComputedStyle(document.querySelector('#input')).color]")
+        context.close()
+    assert colors["light"] == ["rgb(247, 247, 248)", "rgb(29, 33, 37)"]
+    assert colors["dark"] == ["rgb(23, 25, 28)", "rgb(227, 230, 234)"]
+
+
 def test_markdown_renderer_builds_only_safe_nodes(page, demo_server: ServerProcess):
     page.goto(demo_server.base_url + "/")
     cases = {
