@@ -308,3 +308,26 @@ def test_choose_newest_first_without_prefixes_within_the_limit():
     assert choose([a, a_prefix, b, big], None) == [a, b, big]  # a_prefix is newer, but a holds it
     assert choose([a, a_prefix, b, big], 25) == [a, b]
     assert choose([a, b], 0) == []
+
+
+def test_the_keeper_writes_after_a_quiet_spell_and_only_what_changed(tiny_llm, conv, tmp_path):
+    import time
+
+    from hybridmoe.engine.prompt_store import Keeper
+
+    first, *_ = conv
+    eng = make_engine(tiny_llm, n_parallel=2).start()
+    keeper = Keeper(eng, str(tmp_path), idle_seconds=0.2, poll_seconds=0.05).start()
+    try:
+        run(eng, first)
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("*.hmprompt")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (written,) = list(tmp_path.glob("*.hmprompt"))
+        assert keeper.save() == (1, 0)  # nothing new: the file stays as it is
+        run(eng, ids(60, 12))  # the second slot
+        assert keeper.save()[0] == 2 and written.exists()
+    finally:
+        keeper.close()
+        eng.close()
+    assert keeper.save() == (2, 0)  # after the engine stopped, as at shutdown

@@ -119,7 +119,7 @@ def test_the_prompt_cache_survives_a_restart(tmp_path):
     finally:
         stop_server(srv)
     assert usage["prompt_tokens_details"]["cached_tokens"] == 0
-    assert "written to" in (tmp_path / "before.log").read_text()
+    assert "cached prompts kept in" in (tmp_path / "before.log").read_text()
     assert len(list((tmp_path / "cache").glob("*.hmprompt"))) == 1
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": FOLLOW_UPS[0]}]
     srv = start_server(str(DEMO), args, tmp_path / "after.log", None)

@@ -16,6 +16,7 @@ import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,16 +236,16 @@ def _log_to_file(path: str) -> None:
     logging.getLogger().addHandler(handler)
 
 
-def _save_prompt_cache(engine: Any, directory: str) -> None:
+def _save_prompt_cache(keeper: Any) -> None:
     """--prompt-cache-dir at shutdown; a failure is logged (the server is stopping either way)."""
     t0 = time.perf_counter()
     try:
-        n, nbytes = engine.save_prompt_cache(directory)
+        n, nbytes = keeper.save()
     except (OSError, RuntimeError) as e:
-        log.error("prompt cache not saved to %s: %s", directory, e)
+        log.error("prompt cache not saved to %s: %s", keeper.directory, e)
         return
-    log.info("prompt cache: %d cached prompts (%.0f MiB) written to %s in %.1f s", n, nbytes / 2**20, directory,
-             time.perf_counter() - t0)
+    log.info("prompt cache: %d cached prompts kept in %s (%.0f MiB written in %.1f s)", n, keeper.directory,
+             nbytes / 2**20, time.perf_counter() - t0)
 
 
 def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
@@ -307,7 +308,8 @@ def _chat_template(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: Any, server: Any) -> None:
+def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: Any, server: Any,
+          started: Callable[[Any], None]) -> None:
     """Model loading thread: LLM -> Engine -> Serving, then /health turns 200. On failure the
     server stops and `serve` exits 1, as llama-server does (no half-alive process)."""
     from hybridmoe.engine.engine import Engine
@@ -329,6 +331,7 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
             log.info("prompt cache: %d cached prompts (%.0f MiB) read from %s", n, nbytes / 2**20,
                      s.prompt_cache.cache_dir)
         engine.start()
+        started(engine)
         config = ServingConfig(
             model_path=path,
             alias=args.alias or args.hf_repo,  # llama-server names an -hf model by its repository
@@ -423,18 +426,28 @@ def run(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=grace + GracefulServer.FINAL_EVENT_SECONDS, **https)
     stopped = threading.Event()
+    keepers: list[Any] = []  # --prompt-cache-dir's writer, once the engine runs
+
+    def engine_started(engine: Any) -> None:
+        if settings.prompt_cache.cache_dir:
+            from hybridmoe.engine.prompt_store import Keeper
+
+            keepers.append(Keeper(engine, settings.prompt_cache.cache_dir).start())
 
     def stop_engine() -> None:
         """Once, after the last request: the engine stopped, then the prompt cache written."""
         if state.serving is None or stopped.is_set():
             return
         stopped.set()
+        for keeper in keepers:
+            keeper.close()
         state.serving.engine.close()
-        if settings.prompt_cache.cache_dir:
-            _save_prompt_cache(state.serving.engine, settings.prompt_cache.cache_dir)
+        for keeper in keepers:
+            _save_prompt_cache(keeper)
 
     server = GracefulServer(config, grace, state, on_stopped=stop_engine)
-    loader = threading.Thread(target=_load, args=(args, settings, path, state, server), name="hybridmoe-load",
+    loader = threading.Thread(target=_load, args=(args, settings, path, state, server, engine_started),
+                              name="hybridmoe-load",
                               daemon=True)
     loader.start()
     for sock in sockets:

@@ -135,6 +135,8 @@ class Engine:
         self.output = OutputProcessor(self.tokenizer, self.metrics)
         self._inbox: list[Sequence] = []
         self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
+        self.states_changed = 0  # requests ended so far: the slots' states are not what they were
+        self.last_finished = time.monotonic()
         self._cv = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -273,20 +275,26 @@ class Engine:
         return {"n_erased": n}
 
     # ---- the prompt cache across restarts (serve --prompt-cache-dir) ------------------------------------
-    def save_prompt_cache(self, directory: str) -> tuple[int, int]:
-        """Write the slots' and the RAM cache's states to `directory` (prompt_store.save); the engine
-        must be stopped (or never started). Returns (files, bytes)."""
+    def prompt_states(self) -> list[Any]:
+        """The slots' and the RAM cache's states as prompt_store.Kept (copied on the engine thread
+        between steps while it runs; the copies are the caller's)."""
         from hybridmoe.engine import prompt_store
 
-        if self._thread is not None and self._thread.is_alive():
-            raise RuntimeError("the engine is still running: close() it before saving its prompt cache")
-        sched = self.scheduler
-        states = [prompt_store.Kept(list(s.tokens), self.runner.snapshot(s.id, full_layers=True),
-                                    [c.data for c in s.checkpoints], s.last_used)
-                  for s in sched.slots if len(s.tokens) >= MIN_SAVED_TOKENS]
-        states += [prompt_store.Kept(list(e.tokens), e.data, [c.data for c in e.checkpoints], e.last_used)
-                   for e in sched.prompt_cache.entries]
-        return prompt_store.save(directory, self._identity(), states, sched.prompt_cache.limit)
+        def collect() -> list[prompt_store.Kept]:
+            sched = self.scheduler
+            states = [prompt_store.Kept(list(s.tokens), self.runner.snapshot(s.id, full_layers=True),
+                                        [c.data for c in s.checkpoints], s.last_used)
+                      for s in sched.slots if len(s.tokens) >= MIN_SAVED_TOKENS]
+            return states + [prompt_store.Kept(list(e.tokens), e.data, [c.data for c in e.checkpoints], e.last_used)
+                             for e in sched.prompt_cache.entries]
+
+        return self.call(collect) if self._thread is not None and self._thread.is_alive() else collect()
+
+    def save_prompt_cache(self, directory: str) -> tuple[int, int]:
+        """Write the states worth keeping to `directory` (prompt_store.save); (files, bytes written)."""
+        from hybridmoe.engine import prompt_store
+
+        return prompt_store.save(directory, self._identity(), self.prompt_states(), self.scheduler.prompt_cache.limit)
 
     def load_prompt_cache(self, directory: str) -> tuple[int, int]:
         """Before start(): the states `save_prompt_cache` wrote into the RAM cache, as far as its
@@ -347,6 +355,13 @@ class Engine:
             seq.sink.push(EngineEvent(finish_reason="cancelled"))
         for _, fut in calls:
             fut.set_exception(EngineClosedError("the engine is shut down"))
+
+    def idle_seconds(self) -> float:
+        """Seconds since the last request ended; 0 while any runs or waits."""
+        with self._cv:
+            if self._inbox or self._busy():
+                return 0.0
+            return time.monotonic() - self.last_finished
 
     def _busy(self) -> bool:
         return bool(self.scheduler.waiting) or bool(self.scheduler.running())
@@ -507,6 +522,8 @@ class Engine:
         # Free the slot before the caller hears of the end: a finished response implies an idle slot.
         with self._cv:
             self.scheduler.release(seq)
+            self.states_changed += 1
+            self.last_finished = time.monotonic()
         self.output.finish(seq, reason, stop_token_id, error)
 
 

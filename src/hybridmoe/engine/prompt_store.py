@@ -1,8 +1,9 @@
 """The prompt cache across restarts (`serve --prompt-cache-dir DIR`).
 
-At shutdown the states worth keeping (each slot's, each RAM-cache entry's) are written to DIR as
-slot files (engine/slot_files.py: model identity, SHA-256), newest first up to the RAM cache's
-limit; at the next start they are read back into the RAM cache. An agent's long system prompt or
+The states worth keeping (each slot's, each RAM-cache entry's) are written to DIR as slot files
+(engine/slot_files.py: model identity, SHA-256), newest first up to the RAM cache's limit, after
+each quiet spell and at shutdown (a file already there for the same tokens is kept as it is); at
+the next start they are read back into the RAM cache. An agent's long system prompt or
 a long conversation is then reused after a restart instead of recomputed (minutes on a few CPU
 cores). A file for another model, context per slot or KV type, or a damaged one, is skipped and
 named in the log; files of states no longer kept are removed.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,13 +63,17 @@ def choose(states: list[Kept], limit: int | None) -> list[Kept]:
 
 
 def save(directory: str, identity: dict[str, Any], states: list[Kept], limit: int | None) -> tuple[int, int]:
-    """Write the chosen states and remove the directory's other prompt files; (files, bytes)."""
+    """Write the chosen states not on disk yet and remove the directory's other prompt files;
+    (files kept, bytes written)."""
     os.makedirs(directory, exist_ok=True)
     kept, written = set(), 0
     for s in choose(states, limit):
         name = file_name(s.tokens)
-        written += slot_files.save(os.path.join(directory, name), identity,
-                                   slot_files.SlotState(s.tokens, s.snapshot, s.checkpoints))
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            os.utime(path)  # its recency, for the order of the next load
+        else:
+            written += slot_files.save(path, identity, slot_files.SlotState(s.tokens, s.snapshot, s.checkpoints))
         kept.add(name)
     for name in os.listdir(directory):
         if name.endswith(SUFFIX) and name not in kept:
@@ -96,3 +102,45 @@ def load(directory: str, identity: dict[str, Any],
             continue
         out.append(Kept(state.tokens, state.snapshot, state.checkpoints, os.path.getmtime(path)))
     return out
+
+
+class Keeper:
+    """Keeps DIR current while the server runs: once the states have changed and no request has
+    run for `idle_seconds`, and at shutdown (`close`). Writing happens off the engine thread; only
+    the copying of the slots' states takes the engine's time, between steps."""
+
+    def __init__(self, engine: Any, directory: str, idle_seconds: float = 10.0, poll_seconds: float = 2.0) -> None:
+        self.engine, self.directory = engine, directory
+        self.idle_seconds, self.poll_seconds = idle_seconds, poll_seconds
+        self._saved_at = engine.states_changed
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hybridmoe-prompt-cache", daemon=True)
+
+    def start(self) -> Keeper:
+        self._thread.start()
+        return self
+
+    def save(self) -> tuple[int, int]:
+        """Write what changed now; (files kept, bytes written)."""
+        with self._lock:
+            version = self.engine.states_changed
+            out = self.engine.save_prompt_cache(self.directory)
+            self._saved_at = version
+            return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            if self.engine.states_changed == self._saved_at or self.engine.idle_seconds() < self.idle_seconds:
+                continue
+            try:
+                n, nbytes = self.save()
+                log.info("prompt cache: %d cached prompts kept in %s (%.0f MiB written)", n, self.directory,
+                         nbytes / 2**20)
+            except Exception as e:  # a full disk, a closed engine: the server goes on either way
+                log.error("prompt cache not saved to %s: %s", self.directory, e)
+
+    def close(self) -> None:
+        """Stop the background writer (the caller saves once more after stopping the engine)."""
+        self._stop.set()
+        self._thread.join(timeout=60)

@@ -146,9 +146,9 @@ def add_prompt_cache_args(parser: argparse.ArgumentParser) -> list[argparse.Acti
                        help="MiB of RAM for prompts whose slot went to another conversation (-1 = no limit, "
                             "0 = off; default: 8192 or a quarter of the available RAM, whichever is less)"),
         g.add_argument("--prompt-cache-dir", default=None, metavar="DIR",
-                       help="keep the prompt cache across restarts: written to DIR at shutdown (newest "
-                            "first, up to --cache-ram), read back at start for the same model, context and "
-                            "KV type"),
+                       help="keep the prompt cache across restarts: written to DIR after 10 s without "
+                            "requests and at shutdown (newest first, up to --cache-ram), read back at start "
+                            "for the same model, context and KV type"),
         g.add_argument("--cache-idle-slots", action=argparse.BooleanOptionalAction, default=True,
                        help="accepted (always on): a slot's state moves to the RAM cache when another prompt "
                             "takes the slot"),
