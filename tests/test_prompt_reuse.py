@@ -331,3 +331,18 @@ def test_the_keeper_writes_after_a_quiet_spell_and_only_what_changed(tiny_llm, c
         keeper.close()
         eng.close()
     assert keeper.save() == (2, 0)  # after the engine stopped, as at shutdown
+
+
+def test_a_file_of_another_setup_never_stands_in_for_a_state(tiny_llm, conv, tmp_path):
+    """Same tokens, another context per slot: a new file is written (and the old one goes), so the
+    next start with this setup finds its state."""
+    first, *_ = conv
+    a = make_engine(tiny_llm)
+    run(a, first)
+    a.save_prompt_cache(str(tmp_path))
+    (old,) = list(tmp_path.iterdir())
+    b = make_engine(tiny_llm, ctx=256)
+    run(b, first)
+    assert b.save_prompt_cache(str(tmp_path))[1] > 0
+    (new,) = list(tmp_path.iterdir())
+    assert new != old and make_engine(tiny_llm, ctx=256).load_prompt_cache(str(tmp_path))[0] == 1

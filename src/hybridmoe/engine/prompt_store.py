@@ -41,9 +41,10 @@ class Kept:
         return self.snapshot.nbytes + sum(c.nbytes for c in self.checkpoints)
 
 
-def file_name(tokens: list[int]) -> str:
-    """Named by its tokens: the same conversation saved again replaces its file."""
-    return hashlib.sha256(repr(tokens).encode()).hexdigest()[:24] + SUFFIX
+def file_name(identity: dict[str, Any], tokens: list[int]) -> str:
+    """Named by the server's identity and the tokens: the same state saved again is the same file,
+    and one saved for another model, context or KV type never stands in for it."""
+    return hashlib.sha256(repr((sorted(identity.items()), tokens)).encode()).hexdigest()[:24] + SUFFIX
 
 
 def choose(states: list[Kept], limit: int | None) -> list[Kept]:
@@ -68,7 +69,7 @@ def save(directory: str, identity: dict[str, Any], states: list[Kept], limit: in
     os.makedirs(directory, exist_ok=True)
     kept, written = set(), 0
     for s in choose(states, limit):
-        name = file_name(s.tokens)
+        name = file_name(identity, s.tokens)
         path = os.path.join(directory, name)
         if os.path.exists(path):
             os.utime(path)  # its recency, for the order of the next load
