@@ -454,6 +454,10 @@ def test_regenerate_and_edit(page, demo_server: ServerProcess):
     assert [m["role"] for m in conv["messages"]] == ["user", "assistant"]
     assert conv["messages"][1]["content"] == first  # temperature 0
     assert len(sent) == 2 and sent[0] == sent[1]  # the same conversation asked again
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.click(".msg-copy")
+    page.wait_for_selector(".msg-copy:has-text('Copied')")
+    assert page.evaluate("navigator.clipboard.readText()") == first
     page.click(".msg-edit")
     assert page.input_value("#input") == "Who was David?"
     assert page.locator(".msg").count() == 0 and stored_conversations(page)[0]["messages"] == []

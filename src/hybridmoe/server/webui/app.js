@@ -210,10 +210,22 @@ function actionButtons(msg) {
     return [button("msg-edit", "Edit", "Take this message back into the box: it and what follows are removed",
                    () => editFrom(conv, i))];
   }
+  const copy = button("msg-copy", "Copy", "Copy the reply's text (Markdown)", () => copyReply(msg, copy));
   if (i === conv.messages.length - 1) {
-    return [button("msg-regenerate", "Regenerate", "Write this reply again", () => regenerate(conv))];
+    return [copy, button("msg-regenerate", "Regenerate", "Write this reply again", () => regenerate(conv))];
   }
-  return [];
+  return [copy];
+}
+
+/** The reply's Markdown to the clipboard; where the page may not write it (plain http on a LAN
+ * address), the shown text is selected for Ctrl+C instead. */
+function copyReply(msg, button) {
+  if (navigator.clipboard) {
+    navigator.clipboard.writeText(msg.content || "").then(() => { button.textContent = "Copied"; }, () => {});
+  } else {
+    const shown = state.msgEls.get(msg)?.querySelector(".content");
+    if (shown) window.getSelection().selectAllChildren(shown);
+  }
 }
 
 function toolCallEl(call) {
