@@ -7,6 +7,8 @@ itself, not how a random model's text re-tokenizes. Settings:
     np1      one session, -np 1
     np1x2    two sessions interleaved turn by turn on -np 1 (the RAM prompt cache swaps them)
     np2x2    two sessions interleaved on -np 2
+    restart  one session, the server restarted (SIGTERM, then started again) before every turn from
+             the second on: hybridmoe with --prompt-cache-dir keeps its cache, llama-server has none
 Per turn: prompt tokens, cached tokens (timings.cache_n), prompt ms (timings.prompt_ms) and time to
 first token measured by the client.
 
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import machine
@@ -88,11 +91,15 @@ def words(url: str, n_tokens: int, seed: int) -> list[int]:
     return ids[:n_tokens]
 
 
-def run_setting(engine: str, url: str, setting: str, a: argparse.Namespace) -> list[Turn]:
-    n_sessions = 1 if setting == "np1" else 2
+def run_setting(engine: str, url: str, setting: str, a: argparse.Namespace,
+                restart: Callable[[], str] | None = None) -> list[Turn]:
+    """restart: stops the server and starts it again, returning its url (before turns 2, 3, ...)."""
+    n_sessions = 1 if setting in ("np1", "restart") else 2
     convs = [words(url, a.system_tokens, 1000 + s) for s in range(n_sessions)]
     out = []
     for turn in range(1, a.turns + 1):
+        if restart is not None and turn > 1:
+            url = restart()
         for s in range(n_sessions):
             prompt = convs[s] + words(url, a.user_tokens, 10 * turn + s)
             reply, t, ttft = complete(url, prompt, a.reply_tokens)
@@ -110,12 +117,14 @@ def start(cmd: list[str], url: str, log: str) -> subprocess.Popen:
     return wait_healthy(proc, url, 900, f"{cmd[0]} (log {log})")
 
 
-def server_cmd(engine: str, a: argparse.Namespace, model: str, np_: int, port: int) -> list[str]:
+def server_cmd(engine: str, a: argparse.Namespace, model: str, np_: int, port: int,
+               cache_dir: str | None = None) -> list[str]:
     common = ["-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(np_), "-c", str(a.ctx * np_),
               "-t", str(a.threads)]
     if engine == "llama.cpp":
         return [a.llama_server, *common, "-fa", "on", "--no-jinja", "--chat-template", "chatml"]  # ids only: no template
-    return [sys.executable, "-m", "hybridmoe.cli", "serve", *common]
+    return [sys.executable, "-m", "hybridmoe.cli", "serve", *common,
+            *(["--prompt-cache-dir", cache_dir] if cache_dir else [])]
 
 
 def llama_server_version(path: str) -> str:
@@ -182,12 +191,22 @@ def main() -> int:
                 np_ = 2 if setting == "np2x2" else 1
                 port = free_port()
                 log = os.path.join(tempfile.gettempdir(), f"conversation-{engine}-{setting}.log")
-                proc = start(server_cmd(engine, a, model, np_, port), f"http://127.0.0.1:{port}", log)
+                cache_dir = tempfile.mkdtemp(prefix="conversation-cache-") if setting == "restart" else None
+                cmd = server_cmd(engine, a, model, np_, port, cache_dir if engine == "hybridmoe" else None)
+                procs = [start(cmd, f"http://127.0.0.1:{port}", log)]
+
+                def restart() -> str:
+                    procs[-1].terminate()  # SIGTERM: a graceful stop, as a service manager does
+                    procs[-1].wait(timeout=600)
+                    procs.append(start(cmd, f"http://127.0.0.1:{port}", log + f".{len(procs)}"))
+                    return f"http://127.0.0.1:{port}"
+
                 try:
-                    turns += run_setting(engine, f"http://127.0.0.1:{port}", setting, a)
+                    turns += run_setting(engine, f"http://127.0.0.1:{port}", setting, a,
+                                         restart if setting == "restart" else None)
                 finally:
-                    proc.terminate()
-                    proc.wait(timeout=60)
+                    procs[-1].terminate()
+                    procs[-1].wait(timeout=600)
     summarize(turns)
     rec["rows"] = [asdict(t) for t in turns]
     record.write(rec, a.json)
