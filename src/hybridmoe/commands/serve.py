@@ -236,16 +236,38 @@ def _log_to_file(path: str) -> None:
     logging.getLogger().addHandler(handler)
 
 
-def _save_prompt_cache(keeper: Any) -> None:
-    """--prompt-cache-dir at shutdown; a failure is logged (the server is stopping either way)."""
-    t0 = time.perf_counter()
-    try:
-        n, nbytes = keeper.save()
-    except (OSError, RuntimeError) as e:
-        log.error("prompt cache not saved to %s: %s", keeper.directory, e)
-        return
-    log.info("prompt cache: %d cached prompts kept in %s (%.0f MiB written in %.1f s)", n, keeper.directory,
-             nbytes / 2**20, time.perf_counter() - t0)
+class EngineLife:
+    """The engine around the HTTP server: from its start, --prompt-cache-dir's Keeper; once, after the
+    last request (the graceful shutdown, or the end of run()), the engine stopped and the cache written."""
+
+    def __init__(self, state: Any, cache_dir: str | None) -> None:
+        self.state, self.cache_dir = state, cache_dir
+        self.keeper: Any = None
+        self._stopped = threading.Event()
+
+    def started(self, engine: Any) -> None:
+        if self.cache_dir:
+            from hybridmoe.engine.prompt_store import Keeper
+
+            self.keeper = Keeper(engine, self.cache_dir).start()
+
+    def stop(self) -> None:
+        if self.state.serving is None or self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self.keeper is not None:
+            self.keeper.close()
+        self.state.serving.engine.close()
+        if self.keeper is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            n, nbytes = self.keeper.save()
+        except (OSError, RuntimeError) as e:  # the server is stopping either way: say it, go on
+            log.error("prompt cache not saved to %s: %s", self.cache_dir, e)
+            return
+        log.info("prompt cache: %d cached prompts kept in %s (%.0f MiB written in %.1f s)", n, self.cache_dir,
+                 nbytes / 2**20, time.perf_counter() - t0)
 
 
 def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
@@ -425,36 +447,16 @@ def run(args: argparse.Namespace) -> int:
     grace = settings.limits.shutdown_grace
     config = uvicorn.Config(app, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=grace + GracefulServer.FINAL_EVENT_SECONDS, **https)
-    stopped = threading.Event()
-    keepers: list[Any] = []  # --prompt-cache-dir's writer, once the engine runs
-
-    def engine_started(engine: Any) -> None:
-        if settings.prompt_cache.cache_dir:
-            from hybridmoe.engine.prompt_store import Keeper
-
-            keepers.append(Keeper(engine, settings.prompt_cache.cache_dir).start())
-
-    def stop_engine() -> None:
-        """Once, after the last request: the engine stopped, then the prompt cache written."""
-        if state.serving is None or stopped.is_set():
-            return
-        stopped.set()
-        for keeper in keepers:
-            keeper.close()
-        state.serving.engine.close()
-        for keeper in keepers:
-            _save_prompt_cache(keeper)
-
-    server = GracefulServer(config, grace, state, on_stopped=stop_engine)
-    loader = threading.Thread(target=_load, args=(args, settings, path, state, server, engine_started),
-                              name="hybridmoe-load",
-                              daemon=True)
+    life = EngineLife(state, settings.prompt_cache.cache_dir)
+    server = GracefulServer(config, grace, state, on_stopped=life.stop)
+    loader = threading.Thread(target=_load, args=(args, settings, path, state, server, life.started),
+                              name="hybridmoe-load", daemon=True)
     loader.start()
     for sock in sockets:
         where = describe_socket(sock, "https" if https else "http") + args.api_prefix
         print(f"hybridmoe: listening on {where} (model {path})", flush=True)
     server.run(sockets=sockets)
-    stop_engine()
+    life.stop()
     code = 1 if state.load_error else 0
     if loader.is_alive():
         # Stopped while loading: the loader's native threads cannot be joined, and C++ destructors
