@@ -346,3 +346,21 @@ def test_a_file_of_another_setup_never_stands_in_for_a_state(tiny_llm, conv, tmp
     assert b.save_prompt_cache(str(tmp_path))[1] > 0
     (new,) = list(tmp_path.iterdir())
     assert new != old and make_engine(tiny_llm, ctx=256).load_prompt_cache(str(tmp_path))[0] == 1
+
+
+def test_slot_states_are_copied_only_to_be_written(tiny_llm, conv, tmp_path):
+    """A slot's state is sized without a copy, copied when its file is written, and not written at
+    all when the slot has moved on between the choice and the copy."""
+    from hybridmoe.engine import prompt_store
+
+    first, *_ = conv
+    eng = make_engine(tiny_llm)
+    run(eng, first)
+    cache = eng.runner.cache(0)
+    assert cache.snapshot_nbytes() == cache.snapshot(full_layers=True).nbytes
+    (state,) = eng.prompt_states()
+    assert state.snapshot is None and state.nbytes >= cache.snapshot_nbytes()
+    run(eng, ids(40, 13))  # the slot moves on before the state is written
+    assert state.take() is None
+    identity = eng._identity()
+    assert prompt_store.save(str(tmp_path), identity, [state], None) == (0, 0) and list(tmp_path.iterdir()) == []

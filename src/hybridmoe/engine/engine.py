@@ -276,19 +276,29 @@ class Engine:
 
     # ---- the prompt cache across restarts (serve --prompt-cache-dir) ------------------------------------
     def prompt_states(self) -> list[Any]:
-        """The slots' and the RAM cache's states as prompt_store.Kept (copied on the engine thread
-        between steps while it runs; the copies are the caller's)."""
+        """The slots' and the RAM cache's states as prompt_store.Kept. Read on the engine thread
+        between steps while it runs; a slot's state is copied only when `take` is called, and only
+        if the slot still holds the same tokens."""
         from hybridmoe.engine import prompt_store
+
+        def on_engine_thread(fn: Callable[[], T]) -> T:
+            return self.call(fn) if self._thread is not None and self._thread.is_alive() else fn()
+
+        def taker(slot_id: int, tokens: list[int]) -> Callable[[], Any]:
+            def copy() -> Any:
+                slot = self.scheduler.slots[slot_id]
+                return self.runner.snapshot(slot_id, full_layers=True) if slot.tokens == tokens else None
+            return lambda: on_engine_thread(copy)
 
         def collect() -> list[prompt_store.Kept]:
             sched = self.scheduler
-            states = [prompt_store.Kept(list(s.tokens), self.runner.snapshot(s.id, full_layers=True),
-                                        [c.data for c in s.checkpoints], s.last_used)
+            states = [prompt_store.Kept(list(s.tokens), None, [c.data for c in s.checkpoints], s.last_used,
+                                        self.runner.cache(s.id).snapshot_nbytes(), taker(s.id, list(s.tokens)))
                       for s in sched.slots if len(s.tokens) >= MIN_SAVED_TOKENS]
             return states + [prompt_store.Kept(list(e.tokens), e.data, [c.data for c in e.checkpoints], e.last_used)
                              for e in sched.prompt_cache.entries]
 
-        return self.call(collect) if self._thread is not None and self._thread.is_alive() else collect()
+        return on_engine_thread(collect)
 
     def save_prompt_cache(self, directory: str) -> tuple[int, int]:
         """Write the states worth keeping to `directory` (prompt_store.save); (files, bytes written)."""

@@ -29,16 +29,21 @@ SUFFIX = ".hmprompt"
 
 @dataclass
 class Kept:
-    """One state to keep: its tokens, whole snapshot, checkpoints and when it was last used."""
+    """One state to keep: its tokens, checkpoints, size and when it was last used, and its whole
+    snapshot, or `take` to copy it only once it is to be written (a slot's live state: at most one
+    such copy exists at a time; `take` gives None when the slot has moved on meanwhile)."""
 
     tokens: list[int]
-    snapshot: KVSnapshot
+    snapshot: KVSnapshot | None
     checkpoints: list[KVSnapshot]
     last_used: float
+    state_bytes: int = 0  # the snapshot's size when it is taken later
+    take: Callable[[], KVSnapshot | None] | None = None
 
     @property
     def nbytes(self) -> int:
-        return self.snapshot.nbytes + sum(c.nbytes for c in self.checkpoints)
+        state = self.snapshot.nbytes if self.snapshot is not None else self.state_bytes
+        return state + sum(c.nbytes for c in self.checkpoints)
 
 
 def file_name(identity: dict[str, Any], tokens: list[int]) -> str:
@@ -74,7 +79,10 @@ def save(directory: str, identity: dict[str, Any], states: list[Kept], limit: in
         if os.path.exists(path):
             os.utime(path)  # its recency, for the order of the next load
         else:
-            written += slot_files.save(path, identity, slot_files.SlotState(s.tokens, s.snapshot, s.checkpoints))
+            snap = s.snapshot if s.snapshot is not None else s.take() if s.take is not None else None
+            if snap is None:
+                continue  # the slot went on to another state: the next save has it
+            written += slot_files.save(path, identity, slot_files.SlotState(s.tokens, snap, s.checkpoints))
         kept.add(name)
     for name in os.listdir(directory):
         if name.endswith(SUFFIX) and name not in kept:

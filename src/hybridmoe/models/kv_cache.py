@@ -154,6 +154,17 @@ class SequenceKVCache:
         self.length += n
         self.ring_lo = self.geometry.lo_after(self.ring_lo, self.length)
 
+    def snapshot_nbytes(self) -> int:
+        """What snapshot(full_layers=True) would take, without copying anything."""
+        n = self.length
+        total = 0
+        for K, V, P in zip(self._k, self._v, self._pos):
+            if P is not None:
+                total += (K.numel() + V.numel()) * K.element_size() + P.numel() * P.element_size()
+            else:
+                total += (K[:, :n].numel() + V[:, :n].numel()) * K.element_size()
+        return total
+
     def snapshot(self, full_layers: bool) -> KVSnapshot:
         """Copy the state to RAM. Without `full_layers` it is a checkpoint: restoring it needs this
         cache's full layers to still hold the same first `length` tokens."""
