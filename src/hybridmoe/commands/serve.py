@@ -3,7 +3,7 @@
 The model file is checked and the port bound first (a bad file or a busy port fails at once, in
 one line); then /health says 503 "Loading model" while the model loads in a thread.
 llama-server flags that mean nothing here are accepted with a warning, so existing command
-lines keep working.
+lines keep working; its LLAMA_ARG_* environment variables are read too (the command line wins).
 """
 
 from __future__ import annotations
