@@ -122,3 +122,14 @@ def test_unloadable_model_exits_with_a_clear_error(tmp_path, capsys):
         logging.captureWarnings(False)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "broken.gguf" in err[0] and "GGUF version 0" in err[0], err
+
+
+@pytest.mark.parametrize("flag", ["--slot-save-path", "--prompt-cache-dir"])
+def test_directories_that_cannot_be_made_fail_before_the_port_is_bound(flag, tmp_path, tiny_gguf):
+    from hybridmoe.cli import main
+
+    (tmp_path / "a-file").write_text("x")
+    bad = tmp_path / "a-file" / "cache"
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "-m", tiny_gguf, flag, str(bad), "--port", "0"])
+    assert str(e.value.code) == f"hybridmoe serve: {flag} {bad}: Not a directory"

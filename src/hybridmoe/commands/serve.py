@@ -403,11 +403,12 @@ def run(args: argparse.Namespace) -> int:
     if args.no_mmap or LOAD_MODES[args.load_mode][1]:
         log.warning("%s is accepted, but the experts are always used in place from the mmap (--mlock pins them "
                     "in RAM)", "--no-mmap" if args.no_mmap else f"--load-mode {args.load_mode}")
-    if args.slot_save_path:
-        try:
-            os.makedirs(args.slot_save_path, exist_ok=True)
-        except OSError as e:
-            raise SystemExit(f"hybridmoe serve: --slot-save-path {args.slot_save_path}: {e.strerror or e}") from None
+    for flag, directory in (("--slot-save-path", args.slot_save_path), ("--prompt-cache-dir", args.prompt_cache_dir)):
+        if directory:
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as e:
+                raise SystemExit(f"hybridmoe serve: {flag} {directory}: {e.strerror or e}") from None
     if args.chat_template and not args.chat_template_file:
         try:
             resolve_chat_template(args.chat_template)
