@@ -164,7 +164,7 @@ def test_chat_with_the_demo_model(page, demo_server: ServerProcess, tmp_path: Pa
                      "stream": True, "stream_options": {"include_usage": True},
                      "temperature": 0, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "repeat_penalty": 1.1,
                      "max_tokens": 48, "reasoning_effort": "low", "reasoning_budget_tokens": 6,
-                     "reasoning_control": True}]
+                     "reasoning_control": True, "return_progress": True}]
     assert page.is_visible("#send") and not page.is_visible("#stop")
     m = re.search(r"(\d+) tokens · (\d+\.\d) tok/s · prompt (\d+) tokens", meta)
     assert m and float(m.group(2)) > 0, meta
@@ -402,15 +402,18 @@ THINKING_STREAM = """
       start(ctrl) {
         const chunk = (delta, finish) => ctrl.enqueue(enc.encode(`data: ${JSON.stringify(
           {id: 'chatcmpl-ui', choices: [{index: 0, delta, finish_reason: finish || null}]})}\\n\\n`));
-        timer = setInterval(() => {
-          if (!answering) { chunk({reasoning_content: `step${n++} `}); return; }
-          clearInterval(timer);
+        ctrl.enqueue(enc.encode(`data: ${JSON.stringify({id: 'chatcmpl-ui', choices: [{index: 0, delta: {}}],
+          prompt_progress: {total: 900, cache: 600, processed: 750, time_ms: 10}})}\\n\\n`));
+        const think = () => {  // once the test has seen the progress (window.__go)
+          if (!window.__go) { timer = setTimeout(think, 20); return; }
+          if (!answering) { chunk({reasoning_content: `step${n++} `}); timer = setTimeout(think, 50); return; }
           chunk({content: 'The answer.'}, 'stop');
           ctrl.enqueue(enc.encode('data: [DONE]\\n\\n'));
           ctrl.close();
-        }, 50);
+        };
+        think();
       },
-      cancel() { clearInterval(timer); },
+      cancel() { clearTimeout(timer); },
     });
     return Promise.resolve(new Response(body, {status: 200, headers: {'Content-Type': 'text/event-stream'}}));
   };
@@ -423,7 +426,11 @@ def test_answer_now_ends_the_thinking(page, demo_server: ServerProcess):
     open_with_key(page, demo_server)
     assert not page.is_visible("#answer-now")
     send(page, "Think it over")
+    # before the first token: how far the prompt has been read
+    page.wait_for_selector(".msg.assistant .msg-meta:has-text('reading the prompt: 750 / 900 tokens (600 reused)')")
+    page.evaluate("window.__go = true")
     page.wait_for_selector(".msg.assistant .reasoning-body:has-text('step3')")
+    assert page.inner_text(".msg.assistant .msg-meta") == "generating…"
     assert page.is_visible("#answer-now") and page.is_visible("#stop")
     page.click("#answer-now")
     page.wait_for_selector(".msg.assistant .content:has-text('The answer.')")

@@ -245,7 +245,12 @@ function toolCallEl(call) {
 }
 
 function metaText(msg) {
-  if (msg.streaming) return "generating…";
+  if (msg.streaming) {
+    const p = msg.progress;
+    if (!p || msg.content || msg.reasoning || msg.toolCalls.length) return "generating…";
+    const reused = p.cache > 0 ? ` (${p.cache} reused)` : "";
+    return `reading the prompt: ${p.processed} / ${p.total} tokens${reused}`;
+  }
   const parts = [];
   const t = msg.timings;
   if (t && typeof t.predicted_per_second === "number") {
@@ -365,7 +370,9 @@ function requestBody(history) {
     else if (m.content) messages.push({ role: "assistant", content: m.content });
   }
   // reasoning_control: the "Answer now" button may end the thinking (/v1/chat/completions/control)
-  const body = { messages, stream: true, stream_options: { include_usage: true }, reasoning_control: true };
+  // return_progress: how far a long prompt has been read, shown while it is (minutes on a few cores)
+  const body = { messages, stream: true, stream_options: { include_usage: true }, reasoning_control: true,
+                 return_progress: true };
   if (s.temperature !== "") body.temperature = Number(s.temperature);
   if (s.top_p !== "") body.top_p = Number(s.top_p);
   if (s.top_k !== "") body.top_k = parseInt(s.top_k, 10);
@@ -406,6 +413,7 @@ async function readEvents(res, onEvent) {
 function onChunk(msg, chunk) {
   if (chunk.id && state.streaming?.msg === msg) state.streaming.id = chunk.id;
   if (chunk.error) msg.error = chunk.error.message || JSON.stringify(chunk.error);
+  if (chunk.prompt_progress) msg.progress = chunk.prompt_progress;
   const choice = chunk.choices?.[0];
   if (choice) {
     const d = choice.delta || {};
@@ -513,6 +521,7 @@ async function streamReply(conv) {
     else msg.error = e.message || String(e);
   } finally {
     delete msg.streaming;
+    delete msg.progress;
     state.streaming = null;
     conv.updated = Date.now();
     persist();
