@@ -56,9 +56,13 @@ def choose(states: list[Kept], limit: int | None) -> list[Kept]:
     """Newest first within `limit` bytes, leaving out a state that another one holds as its prefix
     (the longer state serves every prompt the shorter one would)."""
     newest = sorted(states, key=lambda s: -s.last_used)
-    whole = [s for i, s in enumerate(newest)
-             if not any(len(o.tokens) >= len(s.tokens) and o.tokens[: len(s.tokens)] == s.tokens
-                        and (len(o.tokens) > len(s.tokens) or j < i) for j, o in enumerate(newest) if j != i)]
+
+    def held_elsewhere(i: int, s: Kept) -> bool:
+        """Another state extends s's tokens, or holds the same ones and is newer."""
+        n = len(s.tokens)
+        return any(o.tokens[:n] == s.tokens and (len(o.tokens) > n or j < i) for j, o in enumerate(newest) if j != i)
+
+    whole = [s for i, s in enumerate(newest) if not held_elsewhere(i, s)]
     out: list[Kept] = []
     total = 0
     for s in whole:
