@@ -98,6 +98,14 @@ def test_variables_of_flags_set_aside_are_noted_not_applied():
     ]
 
 
+def test_a_no_variable_counts_only_for_a_flag_with_a_no_form():
+    """LLAMA_ARG_NO_HOST is --no-host's own variable, not a --no- form of --host: one note, host kept."""
+    args = parse([], {"LLAMA_ARG_NO_HOST": "1"})
+    assert args.host == "127.0.0.1" and args.env_used == []
+    assert args.env_notes == ["ignoring environment variable LLAMA_ARG_NO_HOST (--no-host): it has no meaning in "
+                              "hybridmoe"]
+
+
 def test_every_variable_names_a_flag_we_take_or_set_aside():
     ours = parser()._subparsers._group_actions[0].choices["serve"]._option_string_actions
     stray = {env: flag for env, flag in LLAMA_ENV_FLAGS.items()

@@ -178,33 +178,33 @@ def environment_words(parser: argparse.ArgumentParser, environ: Mapping[str, str
     for env, flag in LLAMA_ENV_FLAGS.items():
         no_env = env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_", 1) if env.startswith("LLAMA_ARG_") else None
         action = parser._option_string_actions.get(flag)
+        if action is None:  # a flag set aside: so are its variables
+            notes += [f"ignoring environment variable {name} ({flag}): it has no meaning in hybridmoe"
+                      for name in (env, no_env) if name is not None and name in environ]
+            continue
         negative = _negative_form(parser, flag)
-        present = [name for name in (env, no_env) if name is not None and name in environ]
-        if not present:
-            continue
-        if action is None:
-            notes.append(f"ignoring environment variable {present[0]} ({flag}): it has no meaning in hybridmoe")
-            continue
-        if negative is not None and no_env in environ:
+        if negative is not None and no_env in environ:  # any value, as llama-server
             words.append(negative)
-        elif env not in environ:
-            notes.append(f"ignoring environment variable {no_env}: {flag} has no --no- form")
+            used.append(no_env)
             continue
-        elif action.nargs != 0:
-            _checked_value(env, flag, action, environ[env])
-            words.append(f"{flag}={environ[env]}")
-        elif environ[env].lower() in TRUTHY:
+        if env not in environ:
+            continue
+        value = environ[env]
+        if action.nargs != 0:
+            _checked_value(env, flag, action, value)
+            words.append(f"{flag}={value}")
+        elif value.lower() in TRUTHY:
             words.append(flag)
-        elif environ[env].lower() in FALSEY:
+        elif value.lower() in FALSEY:
             if negative is not None:
                 words.append(negative)
         elif negative is not None:
             raise ValueError(f"environment variable {env}: expected on/off, true/false, 1/0 or enabled/disabled, "
-                             f"got {environ[env]!r}")
+                             f"got {value!r}")
         else:
-            notes.append(f"environment variable {env}={environ[env]!r} is not on/true/1/enabled: {flag} stays off")
+            notes.append(f"environment variable {env}={value!r} is not on/true/1/enabled: {flag} stays off")
             continue
-        used.append(present[0])
+        used.append(env)
     return words, used, notes
 
 
