@@ -193,8 +193,8 @@ def test_mxfp4_from_hf_matches_hf_decoding():
 
 # ---- errors ------------------------------------------------------------------------------------
 def test_errors_are_clear():
-    with pytest.raises(ValueError, match="Q4_K not supported"):
-        dequantize(np.zeros(144, np.uint8), T.Q4_K)
+    with pytest.raises(ValueError, match="IQ2_XXS not supported"):
+        dequantize(np.zeros(66, np.uint8), T.IQ2_XXS)
     with pytest.raises(ValueError, match="unknown ggml type id 99"):
         quantize(np.zeros(32, np.float32), 99)
     with pytest.raises(ValueError, match="not a multiple of the 17-byte block"):

@@ -1,4 +1,5 @@
-"""numpy reference (de)quantizers for the ggml types we run: F32, F16, BF16, Q8_0, MXFP4.
+"""numpy reference (de)quantizers for the ggml types we read: F32, F16, BF16, Q8_0, MXFP4 here,
+and Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL IQ4_XS Q2_K Q3_K Q4_K Q5_K Q6_K in block_types.py.
 
 These are the spec the fast kernels are tested against. Layouts (ggml-common.h facts, see
 docs/formats.md):
@@ -15,10 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
+from hybridmoe.quant import block_types
+from hybridmoe.quant.block_types import Q8_0_EXACT_TYPES
 
 MXFP4_LUT2 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
 _MXFP4_MAGS = MXFP4_LUT2[:8].astype(np.float32)  # codes 0..7 (and 8..15 negated)
-SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.MXFP4)
+SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.MXFP4,
+             *block_types.TYPES)
 _NATIVE_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
 
 
@@ -34,16 +38,16 @@ def check_type(t: GGMLType | int, what: str) -> GGMLType:
     return t
 
 
-def _as_blocks(raw: np.ndarray, t: GGMLType) -> np.ndarray:
+def _as_blocks(raw: np.ndarray, t: GGMLType, what: str = "dequantize") -> np.ndarray:
     """uint8 [..., row_bytes] -> [..., n_blocks, block_bytes]; native typed views accepted too."""
     raw = np.asarray(raw)
     if raw.dtype != np.uint8:
         if raw.dtype != _NATIVE_DTYPES.get(t):
-            raise ValueError(f"dequantize {t.name}: raw must be uint8 bytes, got {raw.dtype}")
+            raise ValueError(f"{what} {t.name}: raw must be uint8 bytes, got {raw.dtype}")
         raw = np.ascontiguousarray(raw).view(np.uint8)
     if raw.ndim == 0:
-        raise ValueError(f"dequantize {t.name}: raw must have at least one axis (bytes)")
-    nb = count_blocks(raw.shape[-1], t, "dequantize")
+        raise ValueError(f"{what} {t.name}: raw must have at least one axis (bytes)")
+    nb = count_blocks(raw.shape[-1], t, what)
     return np.ascontiguousarray(raw).reshape(raw.shape[:-1] + (nb, BLOCK_SIZES[t][1]))
 
 
@@ -76,6 +80,9 @@ def dequantize(raw: np.ndarray, t: GGMLType | int) -> np.ndarray:
 
 def _dequantize_blocks(b: np.ndarray, t: GGMLType) -> np.ndarray:
     lead = b.shape[:-2]
+    if t in block_types.TYPES:
+        n = b.shape[-2] * BLOCK_SIZES[t][0]
+        return block_types.dequantize_blocks(b, t).reshape(lead + (n,))
     if t == GGMLType.F32:
         return b.reshape(lead + (-1,)).view(np.float32).copy()
     if t == GGMLType.F16:
@@ -159,9 +166,42 @@ def quantize_bf16(x: np.ndarray) -> np.ndarray:
     return np.where(is_nan, (u >> 16) | 0x40, r).astype(np.uint16).view(np.uint8)
 
 
+def quantize_block_type(x: np.ndarray, t: GGMLType) -> np.ndarray:
+    """float32 [..., n] -> uint8 [..., row_bytes] for the types of block_types (see its
+    quantize_blocks for the method); refuses NaN/inf input and values whose f16 scale overflows."""
+    qk, bb = BLOCK_SIZES[t]
+    x = _as_rows(x, t, qk)
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"quantize {t.name}: input holds NaN or inf")
+    blocks = np.ascontiguousarray(x).reshape(x.shape[:-1] + (x.shape[-1] // qk, qk))
+    if blocks.size == 0:
+        return np.zeros(x.shape[:-1] + (x.shape[-1] // qk * bb,), np.uint8)
+    out = block_types.quantize_blocks(blocks, t)
+    for at in block_types.F16_FIELDS[t]:
+        if not np.all(np.isfinite(out[..., at:at + 2].copy().view(np.float16))):
+            raise ValueError(f"quantize {t.name}: values up to {np.abs(x).max():.3g} overflow "
+                             "the f16 block scale")
+    return out.reshape(x.shape[:-1] + (-1,))
+
+
+def to_q8_0(raw: np.ndarray, t: GGMLType | int) -> np.ndarray:
+    """Rewrite Q4_0 / Q5_0 / IQ4_NL bytes [..., row_bytes] as Q8_0 bytes [..., n/32*34], exactly:
+    each of these blocks is one f16 d times 32 small integers, which Q8_0 stores as they are, so
+    dequantize(to_q8_0(raw, t), Q8_0) == dequantize(raw, t) bit for bit and the Q8_0 kernels
+    can run them."""
+    t = check_type(t, "to_q8_0")
+    if t not in Q8_0_EXACT_TYPES:
+        raise ValueError(f"to_q8_0: type {t.name} has no exact Q8_0 form "
+                         f"(only {', '.join(s.name for s in Q8_0_EXACT_TYPES)})")
+    b = _as_blocks(raw, t, "to_q8_0")
+    return block_types.to_q8_0_blocks(b, t).reshape(b.shape[:-2] + (b.shape[-2] * 34,))
+
+
 def quantize(x: np.ndarray, t: GGMLType | int) -> np.ndarray:
     """float32 [..., n] -> uint8 [..., row_bytes] of type `t`."""
     t = check_type(t, "quantize")
+    if t in block_types.TYPES:
+        return quantize_block_type(x, t)
     if t == GGMLType.F32:
         return np.ascontiguousarray(_as_rows(x, t, 1)).view(np.uint8)
     if t == GGMLType.F16:
