@@ -1,18 +1,31 @@
 """`hybridmoe synth`: presets, --layers, --seed, --sparse (the 63 GB 120b file costs no disk and
-opens by mmap without reading its data)."""
+opens by mmap without reading its data), --ftype / --quantized-experts (published type mixes; the
+rules themselves are tests/test_quant_mix.py), and llama.cpp loading those files."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from dataclasses import replace
+from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 
 from hybridmoe.cli import main
+from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.models.gpt_oss_config import GptOssConfig
-from hybridmoe.synth import PRESETS, synth_metadata
+from hybridmoe.quant_mix import type_for
+from hybridmoe.synth import PRESETS, SYNTH_TYPES, _random_blocks, synth_metadata, write_synthetic
+
+from .server.conftest import free_port
 
 
 def _rss_bytes() -> int:
@@ -86,3 +99,120 @@ def test_config_metadata_round_trip_off_defaults():
                 yarn_beta_fast=16.0, yarn_beta_slow=2.0)
     meta = {"general.architecture": "gpt-oss", **c.to_metadata(), "gpt-oss.vocab_size": c.vocab_size}
     assert GptOssConfig.from_metadata(meta) == c
+
+
+# --- file types (--ftype, --quantized-experts) -------------------------------------------------
+
+
+def _decode(raw: np.ndarray, t: GGMLType) -> np.ndarray:
+    """Values of raw rows, by gguf-py's independent decoders (ggml's layouts)."""
+    return gguf.quants.dequantize(np.ascontiguousarray(raw).view(np.uint8), gguf.GGMLQuantizationType(int(t)))
+
+
+@pytest.mark.parametrize("t", SYNTH_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("std", [1.0, 1.0 / np.sqrt(2880)])
+def test_random_blocks_have_the_requested_spread(t, std):
+    raw = _random_blocks(np.random.default_rng(1), t, 32, 512, std)
+    v = _decode(raw, t)
+    assert v.shape == (32, 512) and np.isfinite(v).all()
+    assert std / 1.5 < v.std() < std * 1.5
+    assert abs(v.mean()) < 0.1 * std
+    # Unequal scales from block to block (a kernel reading the wrong block's scale would show).
+    block_rms = np.sqrt((v.reshape(-1, 256) ** 2).mean(axis=1))
+    if t not in (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.MXFP4):  # no scales / one per tensor
+        assert block_rms.std() > 0.05 * block_rms.mean()
+
+
+def test_ftype_file_types_and_values(tmp_path, capsys):
+    """A tiny256 Q4_K_M fine-tune-like file: every tensor of type_for's type, decodable, sane."""
+    path = tmp_path / "q4km.gguf"
+    assert main(["synth", "--preset", "tiny256", "--ftype", "q4_k_m", "--quantized-experts", "--out", str(path)]) == 0
+    assert "Q4_K_M, quantized experts" in capsys.readouterr().out
+    m = open_model(path)
+    assert m.metadata["general.file_type"] == 15
+    n_layers = GptOssConfig.from_metadata(m.metadata).n_layers
+    types = set()
+    for name, info in m.tensors.items():
+        assert info.ggml_type == type_for(name, info.ne, n_layers, "Q4_K_M", quantized_experts=True), name
+        types.add(info.ggml_type)
+        v = _decode(m.raw(name), info.ggml_type)
+        assert np.isfinite(v).all() and v.std() > 0, name
+    assert types == {GGMLType.F32, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K}
+    m.close()
+
+
+def test_default_ftype_is_the_release_mix(tmp_path):
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    assert main(["synth", "--out", str(a)]) == 0
+    assert main(["synth", "--ftype", "MXFP4_MOE", "--quantized-experts", "--out", str(b)]) == 0
+    assert a.read_bytes() == b.read_bytes()  # MXFP4_MOE's rule for experts is MXFP4 anyway
+
+
+def test_bad_ftype_is_a_usage_error_listing_choices(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["synth", "--ftype", "Q4_K_X", "--out", str(tmp_path / "x.gguf")])
+    assert e.value.code == 2
+    assert "choose from MXFP4_MOE, F16, Q8_0" in capsys.readouterr().err
+
+
+def test_list_ftypes(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["synth", "--list-ftypes"])
+    assert e.value.code == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "attn_v Q8_0/Q5_0  attn_output Q4_K" in lines["Q4_K_M"] and "(15)" in lines["Q4_K_M"]
+
+
+def test_tiny256_runs_here(tmp_path):
+    """The tiny256 preset (head_dim 32) loads and runs in this project's engine."""
+    from hybridmoe import LLM, ComputeSettings
+
+    llm = LLM(write_synthetic(tmp_path / "t.gguf", "tiny256"), compute=ComputeSettings(threads=1))
+    assert np.isfinite(llm.logits([1, 2, 3])).all()
+
+
+# llama.cpp loads and runs the files (its own decoders and matmuls for each type). Needs a
+# llama-server binary, given as tests/test_llama_server_interop.py takes it.
+LLAMA_SERVER = os.environ.get("HYBRIDMOE_LLAMA_SERVER", "")
+
+
+def _llama_server_completion(model: Path, log: Path) -> dict:
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([LLAMA_SERVER, "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                                 "-c", "256", "-np", "1", "-t", "1", "--no-warmup", "--check-tensors"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"llama-server exited {proc.returncode}: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, "llama-server did not become healthy"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)
+        body = json.dumps({"prompt": "hello world", "n_predict": 4, "temperature": 0, "n_probs": 2}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(not (LLAMA_SERVER and Path(LLAMA_SERVER).is_file()),
+                    reason="no llama-server binary: set HYBRIDMOE_LLAMA_SERVER to build/bin/llama-server")
+@pytest.mark.parametrize("ftype, quantized_experts", [
+    ("Q4_K_M", False), ("Q4_K_M", True), ("Q6_K", True), ("Q2_K", True),  # the brief's three
+    ("Q5_K_M", True), ("IQ4_XS", True), ("Q4_1", True), ("F16", True),  # every other synth type
+])
+def test_llama_server_loads_and_runs(tmp_path, ftype, quantized_experts):
+    path = tmp_path / f"{ftype}.gguf"
+    write_synthetic(path, "tiny256", ftype=ftype, quantized_experts=quantized_experts)
+    reply = _llama_server_completion(path, tmp_path / "llama-server.log")
+    assert reply["tokens_predicted"] == 4
+    probs = [p["logprob"] for step in reply["completion_probabilities"] for p in step["top_logprobs"]]
+    assert probs and np.isfinite(probs).all()
