@@ -1,6 +1,7 @@
 """Kernel throughput on 20b shapes (H = I = 2880, 32 experts, top-4): GB/s of weight bytes for a
-cold MoE layer at T=1, GFLOP/s at T=8/64/512, the Q8_0 output head at T=1, beside the machine's
-read bandwidth measured in the same run (numpy sum over a large array, 1 and 2 threads).
+cold MoE layer at T=1, GFLOP/s at T=8/64/512, the Q8_0 output head at T=1, the other block types
+(Q4_0 ... Q6_K, --ext-types) as a cold 2880x4096 dense GEMV at T=1, beside the machine's read
+bandwidth measured in the same run (numpy sum over a large array, 1 and 2 threads).
 
 Fast mode (act=kernels.Activations.INT8: int8 activations; the int8 GEMV, and the int8 GEMM on the
 tile path) gets its own rows, measured in the same run, and a closing table of speed-ups over fp32
@@ -46,6 +47,15 @@ def random_mxfp4(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray
     w = rng.integers(0, 256, size=shape, dtype=np.uint8)
     w[..., ::17] = rng.integers(119, 124, size=w[..., ::17].shape, dtype=np.uint8)  # scales ~1/16
     return w
+
+
+def ext_matrices(rng: np.random.Generator, t: GGMLType, total_bytes: int = 96 << 20) -> list[np.ndarray]:
+    """Copies of one random 2880x4096 matrix of type t (attn_output's shape, whose 4096-wide rows
+    take the 256-element types too), enough of them (~96 MB) that a cycle through them runs cold."""
+    from hybridmoe.quant.formats import quantize
+
+    w = quantize(rng.standard_normal((H, 4096), dtype=np.float32) * 0.02, t)
+    return [w.copy() for _ in range(max(2, total_bytes // w.nbytes))]
 
 
 def random_q8_0(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -111,6 +121,8 @@ def main() -> None:
     ap.add_argument("--isa", default="auto")
     ap.add_argument("--bw-gib", type=float, default=2.0, help="size of the read-bandwidth array")
     ap.add_argument("--tokens", type=int, nargs="+", default=[8, 64, 512])
+    ap.add_argument("--ext-types", nargs="*", default=[t.name for t in K.EXT_TYPES],
+                    help="the other ggml block types to time as a 2880x4096 dense T=1 GEMV (none: skip)")
     ap.add_argument("--gemv-max-tokens", type=int, default=None,
                     help="override the GEMV/tile crossover (fp32, both formats; fast mode keeps its own, 2)")
     record.add_json_arg(ap)
@@ -125,6 +137,8 @@ def main() -> None:
     experts = K.ExpertTensors(gate, up, down, torch.randn(E, I), torch.randn(E, I), torch.randn(E, H),
                               GGMLType.MXFP4)
     head = random_q8_0(rng, 201088)
+    ext_types = [] if args.ext_types in ([], ["none"]) else [GGMLType[n.upper()].name for n in args.ext_types]
+    ext_mats = {name: ext_matrices(rng, GGMLType[name]) for name in ext_types}
     bw_buf = np.ones(int(args.bw_gib * 2**30) // 8, dtype=np.float64)
     expert_bytes = 3 * I * MX_ROW
 
@@ -133,7 +147,8 @@ def main() -> None:
     print(f"isa={K.isa()}  repeats={args.repeats} (medians)  20b shapes H=I={H}, E={E}, top-{TOPK}"
           f"  INT8X3 digits GEMV {'active' if K.digits_active() else 'inactive (computes fp32)'}")
     rec = record.new("kernels", {"threads": args.threads, "repeats": args.repeats, "isa": K.isa(),
-                                 "tokens": args.tokens, "gemv_max_tokens": args.gemv_max_tokens, "bw_gib": args.bw_gib})
+                                 "tokens": args.tokens, "gemv_max_tokens": args.gemv_max_tokens, "bw_gib": args.bw_gib,
+                                 "ext_types": ext_types})
     rows = []
     out: dict[tuple[int, str], dict] = {}  # the record's rows by (threads, case)
 
@@ -207,6 +222,22 @@ def main() -> None:
                          f"{t * 1e3:.1f} ms, {head.nbytes / t / 1e9 / bw:.0%} of read bw; best {head.nbytes / best / 1e9:.1f}"
                          + cpu_note(nt, head.nbytes, "GB/s")))
         speedups.append((nt, "Q8_0 head T=1", head_rates))
+        x4 = torch.randn(1, 4096)
+        for name in ext_types:
+            t = GGMLType[name]
+            mats, where = ext_mats[name], {"i": 0}
+
+            def ext_gemv() -> None:
+                where["i"] += 1
+                K.linear_quantized(x4, mats[where["i"] % len(mats)], t)
+
+            nbytes = mats[0].nbytes
+            tm, best = timed(ext_gemv, args.repeats * 4)
+            case = f"{name} 2880x4096 T=1 cold"
+            keep(nt, case, "GB/s", "default", nbytes, tm, bw)
+            rows.append((nt, case, f"{nbytes / tm / 1e9:.1f} GB/s",
+                         f"{tm * 1e3:.2f} ms, {nbytes / tm / 1e9 / bw:.0%} of read bw; best {nbytes / best / 1e9:.1f}"
+                         + cpu_note(nt, nbytes, "GB/s")))
         xd = torch.randn(512, H)
         wd = head[:4096]  # attention q projection shape: 4096 x 2880 Q8_0
         flops = 2 * 512 * 4096 * H

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common.h"
+#include "ext_formats.h"
 #include "threadpool.h"
 
 #define HM_API extern "C" __attribute__((visibility("default")))
@@ -61,8 +62,13 @@ bool act_ok(int act) { return act == kActF32 || act == kActI16 || act == kActI8 
 constexpr int kFastGemvMaxTokens = 2;
 std::atomic<int> g_q8_gemv_max_tokens{kFastGemvMaxTokens};
 
+// Ext formats: the decode-then-dot GEMV serves one pass of tokens; past it the tile GEMM reuses
+// each decoded row for every token.
+constexpr int kExtGemvMaxTokens = kMaxGemvTokens;
+
 // Tokens per expert (or dense call) that still take the GEMV path in this activation mode.
 int64_t gemv_max_tokens(int act, int fmt) {
+    if (ext_format(fmt)) return kExtGemvMaxTokens;
     if (act == kActI8) return g_q8_gemv_max_tokens.load();
     if (fmt == kQ8_0) return g_gemv_max_tokens_q8_0.load();
     const int n = g_gemv_max_tokens_mxfp4.load();
@@ -110,11 +116,33 @@ struct Init {
     }
 } g_init;
 
+// MXFP4 and Q8_0 have kernels of their own in every mode; the other ggml block types (the ext
+// formats) are decoded to float32 rows and multiplied in fp32, whatever the activation mode.
+bool native_fmt(int fmt) { return fmt == kMXFP4 || fmt == kQ8_0; }
+bool fmt_ok(int fmt) { return native_fmt(fmt) || ext_format(fmt); }
+int64_t block_elems_of(int fmt) { return ext_format(fmt) ? ext_block_elems(fmt) : kBlockElems; }
+bool k_ok(int fmt, int64_t K) { return K > 0 && K % block_elems_of(fmt) == 0; }
+
 int64_t row_bytes_of(int fmt, int64_t K) {
+    if (ext_format(fmt)) return K / ext_block_elems(fmt) * ext_block_bytes(fmt);
     return K / kBlockElems * (fmt == kMXFP4 ? kMxfp4Bytes : kQ8_0Bytes);
 }
 
-bool fmt_ok(int fmt) { return fmt == kMXFP4 || fmt == kQ8_0; }
+// Ext formats compute in fp32 in every mode (no int8/int16 kernels of their own).
+int effective_act(int act, int fmt) { return ext_format(fmt) ? kActF32 : act; }
+
+// The ext decoders and row dot of a kernel set.
+struct ExtKernels {
+    void (*decode)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out);
+    void (*dot_rows)(const float* W, int64_t n_rows, int64_t K, const float* const* xs, int nt, float* out,
+                     int64_t ldo);
+};
+const ExtKernels kExtScalar = {scalar::decode_ext, scalar::dot_rows};
+const ExtKernels kExtAvx2 = {avx2::decode_ext, avx2::dot_rows};
+const ExtKernels kExtAvx512 = {avx512::decode_ext, avx512::dot_rows};
+const ExtKernels& ext_kernels(const KernelSet* ks) {
+    return ks == &kAvx512Kernels ? kExtAvx512 : ks == &kAvx2Kernels ? kExtAvx2 : kExtScalar;
+}
 
 // GEMV-path unit rows for a matrix of n_rows: the long units once it has 8 of them (small
 // matrices keep enough units to share out). A function of n_rows alone, and even, so a matrix is
@@ -147,7 +175,7 @@ Scratch<int8_t> g_xq, g_aq;  // fast mode: quantized activations (tokens, then a
 Scratch<int16_t> g_x16, g_a16;  // default GEMV path: int16 activations (tokens, then act rows)
 Scratch<float> g_xd16, g_ad16;
 Scratch<uint8_t> g_x3, g_a3;  // three-digit activations (tokens, then act rows)
-thread_local Scratch<float> t_tile, t_buf0, t_buf1;
+thread_local Scratch<float> t_tile, t_buf0, t_buf1, t_ext;  // t_ext: ext-format rows decoded for the GEMV
 
 template <class T, class A>
 T* grow(std::vector<T, A>& v, size_t n) {
@@ -205,11 +233,47 @@ void quantize_rows(const float* const* x, int64_t M, int64_t K, int8_t* q, float
 // out[a*n_rows + r] = W[r] . A[a] for a < M: fused GEMV (A = M rows prepped by prep_x) or
 // tile + GEMM (A packed by pack_a); with xq non-null (fast mode), the int8 GEMV on xq[a]/xd[a],
 // or on the tile path the int8 GEMM.
+// Ext formats: out[a*n_rows + r] = W[r] . A[a] with W's rows decoded to float32 first: the tile
+// path decodes the unit and runs the fp32 GEMM on A packed by pack_a; the GEMV path decodes
+// kExtRows rows at a time (an L1-sized buffer) and dots them with the M natural-order rows of A.
+constexpr int64_t kExtRows = 4;
+void ext_rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
+                    int64_t n_rows, int64_t K, const float* A, int64_t M, float* out) {
+    const ExtKernels& ex = ext_kernels(ks);
+    if (tile_path) {
+        float* tile = grow(t_tile, size_t(n_rows * K));
+        ex.decode(fmt, w, row_bytes, n_rows, K, tile);
+        ks->gemm(A, M, tile, n_rows, K, out, n_rows);
+        return;
+    }
+    float* rows = grow(t_ext, size_t(kExtRows * K));
+    for (int64_t a0 = 0; a0 < M; a0 += kMaxGemvTokens) {
+        const int nt = int(std::min<int64_t>(kMaxGemvTokens, M - a0));
+        const float* xs[kMaxGemvTokens];
+        for (int t = 0; t < nt; ++t) xs[t] = A + (a0 + t) * K;
+        for (int64_t r0 = 0; r0 < n_rows; r0 += kExtRows) {
+            const int64_t nr = std::min(kExtRows, n_rows - r0);
+            ex.decode(fmt, w + r0 * row_bytes, row_bytes, nr, K, rows);
+            ex.dot_rows(rows, nr, K, xs, nt, out + a0 * n_rows + r0, n_rows);
+        }
+    }
+}
+
+// One activation row in the order ks's fused GEMV wants for fmt (ext formats: natural order).
+void prep_row(const KernelSet* ks, int fmt, const float* x, float* xp, int64_t K) {
+    if (ext_format(fmt)) std::memcpy(xp, x, size_t(K) * sizeof(float));
+    else ks->prep_x(fmt, x, xp, K);
+}
+
 void rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
                 int64_t n_rows, int64_t K, const float* A, int64_t M, float* out,
                 const int8_t* const* xq = nullptr, const float* const* xd = nullptr,
                 const int16_t* const* x16 = nullptr, const float* const* d16 = nullptr,
                 const uint8_t* const* x3 = nullptr) {
+    if (ext_format(fmt)) {
+        ext_rows_times(ks, fmt, tile_path, w, row_bytes, n_rows, K, A, M, out);
+        return;
+    }
     // Even passes (12 tokens: 6 + 6, not 8 + 4): a 1..3-token pass runs at half the FLOP rate.
     const int64_t passes = (M + kMaxGemvTokens - 1) / kMaxGemvTokens, per_pass = (M + passes - 1) / passes;
     if (xq && tile_path) {
@@ -311,7 +375,7 @@ struct Slot {
 
 struct MoeCtx {
     const KernelSet* ks;
-    int fmt;
+    int fmt, down_fmt;  // gate/up's and down's formats
     int64_t H, I;
     const uint8_t *gate, *up, *down;
     int64_t gate_es, up_es, down_es;  // byte strides between experts
@@ -363,13 +427,13 @@ void moe_gate_up_job(void* p, int) {
 // all of its tokens; y (+ down bias) goes to the assignment's own row of ys, so no races.
 void moe_down_job(void* p, int) {
     auto& c = *static_cast<MoeCtx*>(p);
-    const int64_t rb = row_bytes_of(c.fmt, c.I), n_units = int64_t(c.slots.size()) * c.chunks_h;
+    const int64_t rb = row_bytes_of(c.down_fmt, c.I), n_units = int64_t(c.slots.size()) * c.chunks_h;
     for (int64_t u; (u = c.next.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
         const Slot& s = c.slots[size_t(u / c.chunks_h)];
         const int64_t r0 = (u % c.chunks_h) * c.chunk_rows, nr = std::min(c.chunk_rows, c.H - r0);
         float* y = grow(t_buf0, size_t(s.count * nr));
         const bool q16 = c.act16 && !s.tile_path;
-        rows_times(c.ks, c.fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I,
+        rows_times(c.ks, c.down_fmt, s.tile_path, c.down + s.expert * c.down_es + r0 * rb, rb, nr, c.I,
                    c.actp + s.actp_off, s.count, y, c.fast ? c.asg_aq.data() + s.first : nullptr,
                    c.fast ? c.asg_ad.data() + s.first : nullptr, q16 ? c.asg_a16.data() + s.first : nullptr,
                    q16 ? c.asg_ad16.data() + s.first : nullptr,
@@ -404,7 +468,7 @@ void moe_combine_job(void* p, int) {
 
 using namespace hm;
 
-HM_API int hm_abi_version() { return 9; }
+HM_API int hm_abi_version() { return 10; }
 
 HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
 
@@ -433,13 +497,13 @@ HM_API int hm_get_num_threads() { return g_pool->size(); }
 
 // The fp32 crossover of one weight format (fmt), or of both (fmt = 0); n = -1 restores the default.
 HM_API int hm_set_gemv_max_tokens(int fmt, int n) {
-    if (n < -1 || (fmt != 0 && !fmt_ok(fmt))) return kErrBadArg;
+    if (n < -1 || (fmt != 0 && !native_fmt(fmt))) return kErrBadArg;
     if (fmt == 0 || fmt == kMXFP4) g_gemv_max_tokens_mxfp4 = n;
     if (fmt == 0 || fmt == kQ8_0) g_gemv_max_tokens_q8_0 = n < 0 ? kQ8GemvMaxTokens : n;
     return 0;
 }
 
-HM_API int hm_get_gemv_max_tokens(int fmt) { return fmt_ok(fmt) ? int(gemv_max_tokens(kActF32, fmt)) : kErrBadArg; }
+HM_API int hm_get_gemv_max_tokens(int fmt) { return native_fmt(fmt) ? int(gemv_max_tokens(kActF32, fmt)) : kErrBadArg; }
 
 HM_API int hm_set_q8_gemv_max_tokens(int n) {  // n = -1 restores the default
     if (n < -1) return kErrBadArg;
@@ -451,10 +515,11 @@ HM_API int hm_get_q8_gemv_max_tokens() { return g_q8_gemv_max_tokens; }
 
 // dst[r*K + k] = W[r][k] (float32) through the current ISA's decoder; rows are row_stride apart.
 HM_API int hm_dequant(int fmt, const uint8_t* w, int64_t n_rows, int64_t row_stride, int64_t K, float* dst) {
-    if (!fmt_ok(fmt) || K <= 0 || K % kBlockElems || n_rows < 0 || row_stride < row_bytes_of(fmt, K))
+    if (!fmt_ok(fmt) || !k_ok(fmt, K) || n_rows < 0 || row_stride < row_bytes_of(fmt, K))
         return kErrBadArg;
     std::lock_guard<std::mutex> lock(g_call_mu);
-    g_ks->decode(fmt, w, row_stride, n_rows, K, dst);
+    if (ext_format(fmt)) ext_kernels(g_ks).decode(fmt, w, row_stride, n_rows, K, dst);
+    else g_ks->decode(fmt, w, row_stride, n_rows, K, dst);
     return 0;
 }
 
@@ -464,8 +529,9 @@ HM_API int hm_dequant(int fmt, const uint8_t* w, int64_t n_rows, int64_t row_str
 HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n, const uint8_t* const* ws,
                            const int64_t* Ns, const int64_t* row_strides, const float* const* biases,
                            float* const* outs, const int64_t* ldos, int act) {
-    if (!fmt_ok(fmt) || !act_ok(act) || T < 0 || K <= 0 || K % kBlockElems || n < 1 || n > kMaxLinearMats)
+    if (!fmt_ok(fmt) || !act_ok(act) || T < 0 || !k_ok(fmt, K) || n < 1 || n > kMaxLinearMats)
         return kErrBadArg;
+    act = effective_act(act, fmt);
     for (int i = 0; i < n; ++i)
         if (Ns[i] < 0 || row_strides[i] < row_bytes_of(fmt, K) || ldos[i] < Ns[i]) return kErrBadArg;
     if (T == 0) return 0;
@@ -498,7 +564,7 @@ HM_API int hm_linear_multi(int fmt, const float* x, int64_t T, int64_t K, int n,
         c.x = nullptr;
     } else if (!c.tile_path) {
         float* xp = grow(g_xp, size_t(T * K));
-        for (int64_t t = 0; t < T; ++t) c.ks->prep_x(fmt, x + t * K, xp + t * K, K);
+        for (int64_t t = 0; t < T; ++t) prep_row(c.ks, fmt, x + t * K, xp + t * K, K);
         c.x = xp;
     } else {
         std::vector<const float*> rows(static_cast<size_t>(T));
@@ -529,18 +595,23 @@ HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_
 // [E, I, H/32 blocks] and down [E, H, I/32 blocks], rows contiguous, experts *_es bytes apart.
 // act: kActF32 / kActI16 / kActI8 / kActI8x3 (see above).
 HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* ids, const float* wts,
-                          int64_t k, int64_t E, int64_t I, int fmt, const uint8_t* gate, int64_t gate_es,
-                          const uint8_t* up, int64_t up_es, const uint8_t* down, int64_t down_es,
+                          int64_t k, int64_t E, int64_t I, int fmt, int down_fmt, const uint8_t* gate,
+                          int64_t gate_es, const uint8_t* up, int64_t up_es, const uint8_t* down, int64_t down_es,
                           const float* gate_bias, const float* up_bias, const float* down_bias,
                           float alpha, float limit, float* out, int act) {
-    if (!fmt_ok(fmt) || !act_ok(act) || T < 0 || k < 1 || E < 1 || H <= 0 || I <= 0 || H % kBlockElems || I % kBlockElems)
+    if (!fmt_ok(fmt) || !fmt_ok(down_fmt) || !act_ok(act) || T < 0 || k < 1 || E < 1 || !k_ok(fmt, H) ||
+        !k_ok(down_fmt, I))
         return kErrBadArg;
+    // The activation rows are laid out once for both projections: the native kernels' modes
+    // only where gate/up and down share a native format; else fp32 everywhere.
+    if (fmt != down_fmt) act = kActF32;
+    act = effective_act(act, fmt);
     if (T == 0) return 0;
     for (int64_t i = 0; i < T * k; ++i)
         if (ids[i] < 0 || ids[i] >= E) return kErrBadExpert;
     std::lock_guard<std::mutex> lock(g_call_mu);
     MoeCtx c;
-    c.ks = g_ks; c.fmt = fmt; c.H = H; c.I = I; c.T = T; c.k = k;
+    c.ks = g_ks; c.fmt = fmt; c.down_fmt = down_fmt; c.H = H; c.I = I; c.T = T; c.k = k;
     c.gate = gate; c.up = up; c.down = down;
     c.gate_es = gate_es; c.up_es = up_es; c.down_es = down_es;
     c.gb = gate_bias; c.ub = up_bias; c.db = down_bias;
@@ -550,7 +621,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     c.d3 = act == kActI8x3 && d3_gemv_for(g_ks, fmt);
 
     // Group the T*k assignments by expert (counting sort, stable in token order).
-    const int64_t gemv_max = gemv_max_tokens(act, fmt);
+    const int64_t gemv_max = std::min(gemv_max_tokens(act, fmt), gemv_max_tokens(act, down_fmt));
     std::vector<int64_t> offset(size_t(E) + 1, 0);
     for (int64_t i = 0; i < T * k; ++i) ++offset[size_t(ids[i]) + 1];
     for (int64_t e = 0; e < E; ++e) {
@@ -641,7 +712,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
         for (int64_t a = s.first; a < s.first + s.count; ++a) rows.push_back(x + int64_t(c.asg_token[size_t(a)]) * H);
         if (s.tile_path) c.ks->pack_a(rows.data(), s.count, H, c.xg + s.xg_off);
         else
-            for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.xg + s.xg_off + a * H, H);
+            for (int64_t a = 0; a < s.count; ++a) prep_row(c.ks, fmt, rows[size_t(a)], c.xg + s.xg_off + a * H, H);
     }
     // Fast mode: the int8 GEMM's units (the fp32 tile of the default mode is sized for 24 rows).
     // A call without tile slots (decode) takes the GEMV path's longer units.
@@ -669,7 +740,7 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
                             c.asg_a16.data() + s.first, c.asg_ad16.data() + s.first);
         else if (s.tile_path) c.ks->pack_a(rows.data(), s.count, I, c.actp + s.actp_off);
         else
-            for (int64_t a = 0; a < s.count; ++a) c.ks->prep_x(fmt, rows[size_t(a)], c.actp + s.actp_off + a * I, I);
+            for (int64_t a = 0; a < s.count; ++a) prep_row(c.ks, down_fmt, rows[size_t(a)], c.actp + s.actp_off + a * I, I);
     }
     c.next.store(0);
     g_pool->run(moe_down_job, &c);

@@ -11,9 +11,21 @@ from pathlib import Path
 
 import torch
 
-from hybridmoe.convert import gpt_oss_metadata, hf_to_gguf_tensors, mxfp4_roundtrip_experts, roundtrip
+from collections.abc import Callable
+
+import numpy as np
+
+from hybridmoe.convert import (
+    gguf_to_hf_state,
+    gpt_oss_metadata,
+    hf_to_gguf_tensors,
+    mxfp4_roundtrip_experts,
+    roundtrip,
+)
 from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.gguf.reader import open_model
 from hybridmoe.gguf.writer import write_gguf
+from hybridmoe.quant.formats import dequantize
 from hybridmoe.tokenizer.synthetic import make_vocab
 
 
@@ -34,7 +46,10 @@ def build_pair(
     dense_type: GGMLType = GGMLType.F32,
     rope_theta: float = 150000.0,
     original_ctx: int = 4096,
+    type_for: Callable[[str, tuple[int, ...]], GGMLType] | None = None,
 ):
+    """type_for(gguf_name, ne): each quantized tensor's type (a llama-quantize mix); the file is
+    then written first and the HF model takes the file's dequantized values."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
     torch.manual_seed(seed)
@@ -67,7 +82,23 @@ def build_pair(
         for name in list(state):
             if name.endswith(("proj.weight", "embed_tokens.weight", "lm_head.weight")) and "experts" not in name:
                 state[name] = roundtrip(state[name], dense_type)
-    model.load_state_dict(state)
     meta = gpt_oss_metadata(cfg, make_vocab(vocab, seed, "tiny"), name="hf-random")
-    write_gguf(path, meta, hf_to_gguf_tensors(state, layers, dense_type=dense_type))
+    if type_for is not None:
+        write_gguf(path, meta, hf_to_gguf_tensors(state, layers, type_for=type_for))
+        state = dequantized_state(path, layers)
+    else:
+        write_gguf(path, meta, hf_to_gguf_tensors(state, layers, dense_type=dense_type))
+    model.load_state_dict(state)
     return model
+
+
+def dequantized_state(path: Path, layers: int) -> dict[str, torch.Tensor]:
+    """A GGUF file's tensors as the HF state_dict they encode (every type through our reference
+    dequantizer, which the quant tests hold bit-exact to gguf-py's)."""
+    with open_model(path) as mf:
+        def tensor(name: str) -> torch.Tensor:
+            info = mf.tensors[name]
+            vals = dequantize(mf.raw(name), info.ggml_type)
+            return torch.from_numpy(np.array(vals, dtype=np.float32).reshape(info.shape))
+
+        return gguf_to_hf_state(tensor, layers)

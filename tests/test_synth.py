@@ -18,6 +18,7 @@ import gguf
 import numpy as np
 import pytest
 
+from hybridmoe import LLM, ComputeSettings
 from hybridmoe.cli import main
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.gguf.reader import open_model
@@ -176,6 +177,12 @@ def test_tiny256_runs_here(tmp_path):
 LLAMA_SERVER = os.environ.get("HYBRIDMOE_LLAMA_SERVER", "")
 
 
+PROMPT_IDS = [11, 300, 5, 42, 999, 7, 128, 64]  # token ids: no tokenizer difference can enter
+# llama.cpp computes with int8 activations (its logits are off ours by up to ~1 on real models), so
+# greedy tokens are compared only where our top two logits are further apart than that.
+GREEDY_MARGIN = 1.0
+
+
 def _llama_server_completion(model: Path, log: Path) -> dict:
     port = free_port()
     with open(log, "wb") as out:
@@ -193,7 +200,8 @@ def _llama_server_completion(model: Path, log: Path) -> dict:
                         break
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.2)
-        body = json.dumps({"prompt": "hello world", "n_predict": 4, "temperature": 0, "n_probs": 2}).encode()
+        body = json.dumps({"prompt": PROMPT_IDS, "n_predict": 4, "temperature": 0, "n_probs": 5,
+                           "cache_prompt": False}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -214,5 +222,19 @@ def test_llama_server_loads_and_runs(tmp_path, ftype, quantized_experts):
     write_synthetic(path, "tiny256", ftype=ftype, quantized_experts=quantized_experts)
     reply = _llama_server_completion(path, tmp_path / "llama-server.log")
     assert reply["tokens_predicted"] == 4
-    probs = [p["logprob"] for step in reply["completion_probabilities"] for p in step["top_logprobs"]]
+    steps = reply["completion_probabilities"]
+    probs = [p["logprob"] for step in steps for p in step["top_logprobs"]]
     assert probs and np.isfinite(probs).all()
+    if ftype == "F16" and quantized_experts:
+        # Not compared: llama.cpp's logits on F16 experts are far from ours (top token -0.006 vs our
+        # 233 at -0.07), while ours match transformers run on the same weights to 3e-6, and with
+        # MXFP4 or Q8_0 experts both engines agree; no published gpt-oss file has F16 experts.
+        return
+    theirs = [step["id"] for step in steps]
+    ours = LLM(path, compute=ComputeSettings(threads=1)).logits(PROMPT_IDS + theirs[:-1])[len(PROMPT_IDS) - 1:]
+    for pos, (row, tok) in enumerate(zip(ours, theirs)):
+        top = np.argsort(row)[::-1]
+        assert tok in top[:5], f"step {pos}: llama.cpp's token {tok} not in our top 5 {top[:5]}"
+        if row[top[0]] - row[top[1]] > GREEDY_MARGIN:
+            assert tok == top[0], f"step {pos}: llama.cpp chose {tok}, ours {top[0]} by a margin of " \
+                                  f"{row[top[0]] - row[top[1]]:.2f}"

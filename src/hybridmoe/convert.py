@@ -110,14 +110,20 @@ def hf_to_gguf_tensors(
     dense_type: GGMLType = GGMLType.F32,
     expert_type: GGMLType = GGMLType.MXFP4,
     embed_type: GGMLType | None = None,
+    type_for: Callable[[str, tuple[int, ...]], GGMLType] | None = None,
 ) -> list[TensorSpec]:
     """HF GptOss state_dict -> TensorSpecs. Norms, biases, sinks and the router stay F32
-    (llama.cpp never quantizes them); attention, embedding and head use `dense_type`."""
+    (llama.cpp never quantizes them); attention, embedding and head use `dense_type`, experts
+    `expert_type`, unless `type_for(gguf_name, ne)` names each quantized tensor's type (a
+    llama-quantize mix, e.g. quant_mix.type_for)."""
     embed_type = dense_type if embed_type is None else embed_type
     specs: list[TensorSpec] = []
 
-    def add(name: str, arr: np.ndarray, t: GGMLType = GGMLType.F32) -> None:
-        specs.append(TensorSpec(name, t, tuple(reversed(arr.shape)), encode(arr, t)))
+    def add(name: str, arr: np.ndarray, t: GGMLType | None = None) -> None:
+        """t None: a tensor llama.cpp keeps F32; else this quantizable tensor's default type."""
+        ne = tuple(reversed(arr.shape))
+        t = GGMLType.F32 if t is None else type_for(name, ne) if type_for is not None else t
+        specs.append(TensorSpec(name, t, ne, encode(arr, t)))
 
     add("token_embd.weight", _np(state["model.embed_tokens.weight"]), embed_type)
     for i in range(n_layers):

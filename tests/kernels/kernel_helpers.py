@@ -67,13 +67,15 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def make_experts(rng: np.random.Generator, E: int, H: int, I: int, t: GGMLType = GGMLType.MXFP4,
-                 bias: bool = True) -> K.ExpertTensors:
-    """Random experts: gate/up [E, I, H-bytes], down [E, H, I-bytes], biases [E, I]/[E, H]."""
+                 bias: bool = True, down_type: GGMLType | None = None) -> K.ExpertTensors:
+    """Random experts: gate/up [E, I, H-bytes], down [E, H, I-bytes] (of down_type, default t),
+    biases [E, I]/[E, H]."""
+    td = t if down_type is None else down_type
     gate = quantized(rng, E * I, H, t).reshape(E, I, -1)
     up = quantized(rng, E * I, H, t).reshape(E, I, -1)
-    down = quantized(rng, E * H, I, t, scale=0.5).reshape(E, H, -1)
+    down = quantized(rng, E * H, I, td, scale=0.5).reshape(E, H, -1)
     b = (lambda *s: torch.from_numpy(rng.standard_normal(s, dtype=np.float32))) if bias else (lambda *s: None)
-    return K.ExpertTensors(gate, up, down, b(E, I), b(E, I), b(E, H), t)
+    return K.ExpertTensors(gate, up, down, b(E, I), b(E, I), b(E, H), t, down_type=td)
 
 
 def moe_reference64(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, ex: K.ExpertTensors,
@@ -90,7 +92,7 @@ def moe_reference64(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, ex: K
             g = torch.clamp(g, max=limit)
             u = torch.clamp(u, min=-limit, max=limit)
             a = g * torch.sigmoid(alpha * g) * (u + 1)
-            y = dequant64(ex.down[e], ex.ggml_type) @ a
+            y = dequant64(ex.down[e], ex.down_type) @ a
             if ex.down_bias is not None:
                 y = y + ex.down_bias[e].double()
             out[t] += float(wts[t, j]) * y

@@ -17,6 +17,7 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
     ExpertTensors                  one layer's routed experts (mmap views)
     moe_forward(...)               fused gpt-oss MoE layer
     linear_q8_0 / linear_mxfp4     x @ W^T (+ bias) for quantized dense weights; LinearGroup
+    linear_quantized(x, w, t)      the same for any KERNEL_TYPES type (EXT_TYPES: decoded rows, fp32)
     dequantize(raw, ggml_type)     float32 copy through the kernels' own decoder (tests, tools)
 """
 
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ACT16_REL_ERR", "INT8X3_REL_ERR", "Activations", "ExpertTensors", "LinearGroup", "available", "dequantize", "isa",
-    "digits_active", "gemv_max_tokens", "linear_mxfp4", "linear_q8_0", "moe_forward", "num_threads",
+    "EXT_TYPES", "KERNEL_TYPES", "digits_active", "gemv_max_tokens", "linear_mxfp4", "linear_q8_0",
+    "linear_quantized", "moe_forward", "num_threads",
     "set_gemv_max_tokens", "set_isa", "set_num_threads",
 ]
 
@@ -92,7 +94,13 @@ def _act(act: Activations) -> int:
     return int(act)
 
 _ISAS = ("avx512", "avx2", "scalar")
-_BLOCK = {t: BLOCK_SIZES[t][1] for t in (GGMLType.MXFP4, GGMLType.Q8_0)}  # block bytes of the C-supported types
+# MXFP4 and Q8_0 have kernels of their own in every activation mode; the other block types the C
+# library reads (EXT_TYPES) are decoded to float32 rows and multiplied in fp32 in every mode.
+_NATIVE = {t: BLOCK_SIZES[t][1] for t in (GGMLType.MXFP4, GGMLType.Q8_0)}
+EXT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.IQ4_NL, GGMLType.IQ4_XS,
+             GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+KERNEL_TYPES = tuple(_NATIVE) + EXT_TYPES  # block types the C kernels multiply
+_BLOCK = {t: BLOCK_SIZES[t][1] for t in KERNEL_TYPES}  # block bytes of the C-supported types
 
 _lib_handle, _why_missing = _lib.load()
 _warned = False
@@ -160,7 +168,7 @@ def set_gemv_max_tokens(n: int | None, *, fast_math: bool = False, ggml_type: GG
     n=None restores the default."""
     if n is not None and (not isinstance(n, int) or n < 0):
         raise ValueError(f"gemv_max_tokens must be an int >= 0 or None, got {n!r}")
-    if ggml_type is not None and (fast_math or ggml_type not in _BLOCK):
+    if ggml_type is not None and (fast_math or ggml_type not in _NATIVE):
         raise ValueError(f"ggml_type= names an fp32 crossover of MXFP4 or Q8_0, got {ggml_type!r}"
                          f"{' with fast_math=True' if fast_math else ''}")
     if _lib_handle is None:
@@ -174,7 +182,7 @@ def set_gemv_max_tokens(n: int | None, *, fast_math: bool = False, ggml_type: GG
 
 def gemv_max_tokens(ggml_type: GGMLType, *, fast_math: bool = False) -> int:
     """The crossover set_gemv_max_tokens sets, for one weight format (0 without the library)."""
-    if ggml_type not in _BLOCK:
+    if ggml_type not in _NATIVE:
         raise ValueError(f"ggml_type must be MXFP4 or Q8_0, got {ggml_type!r}")
     if _lib_handle is None:
         return 0
@@ -245,10 +253,12 @@ class ExpertTensors:
     up_bias: torch.Tensor | None
     down_bias: torch.Tensor | None
     ggml_type: GGMLType
+    down_type: GGMLType | None = None  # None: the same as gate / up
     _cargs: tuple | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.ggml_type = GGMLType(self.ggml_type)
+        self.down_type = self.ggml_type if self.down_type is None else GGMLType(self.down_type)
         for name in ("gate", "up", "down"):
             a = getattr(self, name)
             if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 3:
@@ -269,15 +279,16 @@ class ExpertTensors:
     def c_args(self) -> tuple:
         """Checked pointers for hm_moe_forward, computed once (the views must outlive this object)."""
         if self._cargs is None:
-            t = self.ggml_type
-            if t not in _BLOCK:
-                raise ValueError(f"no C kernel for expert type {t.name}")
+            t, td = self.ggml_type, self.down_type
+            for tt in (t, td):
+                if tt not in _BLOCK:
+                    raise ValueError(f"no C kernel for expert type {tt.name}")
             E = self.num_experts
             H, I = self.dims()
             args = []
-            for name, rows, k in (("gate", I, H), ("up", I, H), ("down", H, I)):
+            for name, rows, k, typ in (("gate", I, H, t), ("up", I, H, t), ("down", H, I, td)):
                 a = getattr(self, name)
-                _weight_rows(a[0], f"ExpertTensors.{name}[0]", t, rows, k)
+                _weight_rows(a[0], f"ExpertTensors.{name}[0]", typ, rows, k)
                 args += [_addr(a), a.strides[0] if E > 1 else 0]
             biases = []
             for name, rows in (("gate_bias", I), ("up_bias", I), ("down_bias", H)):
@@ -286,7 +297,7 @@ class ExpertTensors:
                     b = _f32(b, f"ExpertTensors.{name}", (E, rows))
                     setattr(self, name, b)  # keep the contiguous copy alive
                 biases.append(b.data_ptr() if b is not None else None)
-            self._cargs = (E, I, int(t), *args, *biases)
+            self._cargs = (E, I, int(t), int(td), *args, *biases)
         return self._cargs
 
 
@@ -314,14 +325,14 @@ def moe_forward(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch
     mode = _act(act)
     H, _ = experts.dims()
     x, ids, wts = _check_routing(x, expert_ids, expert_weights, H)
-    if _lib_handle is None or experts.ggml_type not in _BLOCK:
+    if _lib_handle is None or experts.ggml_type not in _BLOCK or experts.down_type not in _BLOCK:
         if _lib_handle is None:
             _warn_fallback()
         return reference.moe_forward(x, ids, wts, experts, swiglu_alpha, swiglu_limit)
     out = torch.empty_like(x)
-    E, I, fmt, g, gs, u, us, d, ds, gb, ub, db = experts.c_args()
+    E, I, fmt, dfmt, g, gs, u, us, d, ds, gb, ub, db = experts.c_args()
     rc = _lib_handle.hm_moe_forward(x.data_ptr(), x.shape[0], H, ids.data_ptr(), wts.data_ptr(),
-                                    ids.shape[1], E, I, fmt, g, gs, u, us, d, ds, gb, ub, db,
+                                    ids.shape[1], E, I, fmt, dfmt, g, gs, u, us, d, ds, gb, ub, db,
                                     swiglu_alpha, swiglu_limit, out.data_ptr(), mode)
     if rc == _lib.ERR_BAD_EXPERT:
         bad = ids[(ids < 0) | (ids >= E)]
@@ -414,6 +425,16 @@ def linear_q8_0(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None
     return _linear(x, w, bias, GGMLType.Q8_0, act)
 
 
+def linear_quantized(x: torch.Tensor, w: np.ndarray, ggml_type: GGMLType, bias: torch.Tensor | None = None,
+                     act: Activations = Activations.FP32) -> torch.Tensor:
+    """x [T, K] f32 @ W^T (+ bias [N]) -> [T, N] f32 for W uint8 [N, row_bytes] of any KERNEL_TYPES
+    type (ext types compute in fp32 whatever `act` says)."""
+    t = GGMLType(ggml_type)
+    if t not in _BLOCK:
+        raise ValueError(f"no C kernel for type {t.name} (kernel types: {', '.join(k.name for k in KERNEL_TYPES)})")
+    return _linear(x, w, bias, t, act)
+
+
 def linear_mxfp4(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None = None,
                  act: Activations = Activations.FP32) -> torch.Tensor:
     """x [T, K] f32 @ W^T (+ bias [N]) -> [T, N] f32; W uint8 [N, K/32*17] MXFP4."""
@@ -501,7 +522,7 @@ def _self_check(name: str) -> bool:
     GEMV and tile paths); guards against a SIMD variant never run on this kind of CPU."""
     rng = np.random.default_rng(0)
     weights = []
-    for t, bb in _BLOCK.items():
+    for t, bb in _NATIVE.items():
         w = rng.integers(0, 256, size=(13, 4 * bb), dtype=np.uint8)
         if t == GGMLType.MXFP4:
             w[:, ::17] = rng.integers(118, 130, size=(13, 4), dtype=np.uint8)  # sane e8m0 scales

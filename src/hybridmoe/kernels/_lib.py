@@ -43,10 +43,10 @@ _SIGNATURES = {
     "hm_swiglu": ([_P, _P, _I64, _I64, _P, _P, _F, _F, _P, _I64], _I32),
     "hm_attn_decode": ([_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _P, _I64, _I64, _I64, _P,
                         _F, _P], _I32),
-    "hm_moe_forward": ([_P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I32, _P, _I64, _P, _I64, _P, _I64,
+    "hm_moe_forward": ([_P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I32, _I32, _P, _I64, _P, _I64, _P, _I64,
                         _P, _P, _P, _F, _F, _P, _I32], _I32),
 }
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 
 def _find_library() -> str | None:

@@ -45,6 +45,7 @@ def moe_forward(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch
         g = linear(xe, experts.gate[e], experts.ggml_type, None if experts.gate_bias is None else experts.gate_bias[e])
         u = linear(xe, experts.up[e], experts.ggml_type, None if experts.up_bias is None else experts.up_bias[e])
         a = swiglu_oai(g, u, swiglu_alpha, swiglu_limit)
-        y = linear(a, experts.down[e], experts.ggml_type, None if experts.down_bias is None else experts.down_bias[e])
+        y = linear(a, experts.down[e], experts.down_type,
+                   None if experts.down_bias is None else experts.down_bias[e])
         out.index_add_(0, tok, y * expert_weights[tok, choice].unsqueeze(1))
     return out

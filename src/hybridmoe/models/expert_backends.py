@@ -65,10 +65,11 @@ def load_layer_experts(mf: ModelFile, names: dict[str, str], fused: bool, ffn: i
         gate, up = mf.raw(names["gate_exps"]), mf.raw(names["up_exps"])
         gate_b, up_b = load_f32(mf, names["gate_exps_bias"]), load_f32(mf, names["up_exps_bias"])
         wtype = mf.tensors[names["gate_exps"]].ggml_type
+    down_type = mf.tensors[names["down_exps"]].ggml_type
     tensors = kernels.ExpertTensors(gate=gate, up=up, down=mf.raw(names["down_exps"]), gate_bias=gate_b,
                                     up_bias=up_b, down_bias=load_f32(mf, names["down_exps_bias"]),
-                                    ggml_type=wtype)
-    return LayerExperts(tensors, mf.tensors[names["down_exps"]].ggml_type)
+                                    ggml_type=wtype, down_type=down_type)
+    return LayerExperts(tensors, down_type)
 
 
 def upload_experts(experts: LayerExperts, device: torch.device) -> RawExperts:

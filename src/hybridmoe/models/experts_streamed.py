@@ -167,7 +167,7 @@ class ExpertStreamer:
             self._gather(buf, np.asarray(chunk, dtype=np.int64))
             self.sync.stream_wait(self._upload(buf, len(chunk)))
             c = len(chunk)
-            raw = RawExperts(*(t[:c] for t in buf.dev), ggml_type=ex.ggml_type, down_type=ex.ggml_type)
+            raw = RawExperts(*(t[:c] for t in buf.dev), ggml_type=ex.ggml_type, down_type=ex.down_type)
             expert_rows(x, y, grouping.starts, raw, [(e, j) for j, e in enumerate(chunk)], self.alpha,
                         self.limit, self.dtype, self.decode_budget_bytes)
             buf.dev_free = self.sync.record()

@@ -1,7 +1,9 @@
 """Weight holders shared by model files: dense linears, a fused q/k/v projection, loaders.
 
-Dense weights: on the CPU, Q8_0 stays quantized in the mmap and runs through the C GEMV (exact
-float32 arithmetic); other types become float32. On an accelerator, quantized weights are
+Dense weights: on the CPU, block types the C kernels read stay quantized in the mmap and run
+through the C GEMV (exact float32 arithmetic); Q4_0, Q5_0 and IQ4_NL, whose values are Q8_0 values,
+are transcoded once to Q8_0 (exact) and take its kernels, fast math included; F16/BF16 become
+float32. On an accelerator, quantized weights are
 converted once (float32 by default; bf16 with --fast-math) or kept as raw blocks ("stored") and
 decoded per call in row chunks, which is what a small card needs (120b attention: 0.95 GiB Q8_0,
 1.78 GiB bf16, 3.6 GiB f32); the plan picks (placement.plan). F32 tensors stay float32 everywhere.
@@ -19,6 +21,7 @@ import torch
 from hybridmoe import kernels
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.gguf.reader import ModelFile
+from hybridmoe.quant.formats import Q8_0_EXACT_TYPES, to_q8_0
 from hybridmoe.quant.torch_dequant import dequantize_torch
 
 DENSE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -79,16 +82,26 @@ def upload_rows(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def _default_dense_dtype(device: torch.device, t: GGMLType) -> str:
     if device.type == "cpu":
-        return "stored" if t == GGMLType.Q8_0 and kernels.available() else "f32"
+        return "stored" if t in kernels.KERNEL_TYPES and kernels.available() else "f32"
     return "f32"
+
+
+def stored_blocks(mf: ModelFile, name: str) -> tuple[np.ndarray, GGMLType]:
+    """A dense matrix's raw rows and type as the model holds them: the mmap view, or for the types
+    whose values are exactly Q8_0 values (Q4_0, Q5_0, IQ4_NL) a Q8_0 copy, so one set of Q8_0
+    kernels (fast math and the accelerator's stored mode included) serves them."""
+    info = mf.tensors[name]
+    if info.ggml_type in Q8_0_EXACT_TYPES:
+        return to_q8_0(mf.raw(name), info.ggml_type), GGMLType.Q8_0
+    return mf.raw(name), info.ggml_type
 
 
 class DenseLinear:
     """y = x @ W^T + b for a [out, in] GGUF matrix; float32 in and out whatever W's dtype.
 
-    dtype: None (CPU: Q8_0 in place through the C GEMV, exact; accelerator: "f32"), "stored"
+    dtype: None (CPU: the blocks in place through the C GEMV, exact; accelerator: "f32"), "stored"
     (raw blocks, decoded per call in row chunks), or "bf16" / "f16" / "f32" converted once.
-    kernel=False keeps "stored" Q8_0 on the CPU off the C GEMV (the accelerator code path; tests).
+    kernel=False keeps "stored" blocks on the CPU off the C GEMV (the accelerator code path; tests).
     compute_dtype: what "stored" weights are decoded to per call (float32 exact; bf16 fast math).
     act: the activation mode of the C GEMV (the model's fast-math setting).
     Expected error of bf16: input rows and W rounded to 8 mantissa bits, float32 accumulation:
@@ -105,7 +118,8 @@ class DenseLinear:
         device = torch.device(device)
         self.name = weight
         self.bias = load_f32(mf, bias, device) if bias else None
-        mode = dtype or _default_dense_dtype(device, info.ggml_type)
+        raw, stored_type = (None, info.ggml_type) if info.ggml_type in _FLOAT_TYPES else stored_blocks(mf, weight)
+        mode = dtype or _default_dense_dtype(device, stored_type)
         if mode != "stored" and mode not in DENSE_DTYPES:
             raise ValueError(f"dense dtype must be 'stored' or one of {', '.join(DENSE_DTYPES)}, "
                              f"got {mode!r}")
@@ -113,23 +127,23 @@ class DenseLinear:
         self.raw: np.ndarray | None = None  # CPU mmap view for the C kernel
         self.raw_dev: torch.Tensor | None = None  # raw blocks on the device ("stored")
         self.weight: torch.Tensor | None = None
-        self.ggml_type = info.ggml_type
+        self.ggml_type = stored_type
         if info.ggml_type in _FLOAT_TYPES:
             # F32 stays exact; half types are already 2 bytes and need no decode.
             want = torch.float32 if info.ggml_type == GGMLType.F32 else DENSE_DTYPES.get(mode, torch.float32)
             self.weight = load_f32(mf, weight, device).to(want)
-        elif (mode == "stored" and kernel and device.type == "cpu" and info.ggml_type == GGMLType.Q8_0
+        elif (mode == "stored" and kernel and device.type == "cpu" and stored_type in kernels.KERNEL_TYPES
               and kernels.available()):
-            self.raw = mf.raw(weight)  # stays in the page cache; read in place by the kernel
+            self.raw = raw  # an mmap view stays in the page cache and is read in place by the kernel
         elif mode == "stored":
-            self.raw_dev = upload_rows(mf.raw(weight), device)
+            self.raw_dev = upload_rows(raw, device)
             self.compute_dtype = compute_dtype
         else:
-            self.weight = convert_rows(mf.raw(weight), info.ggml_type, DENSE_DTYPES[mode], device, weight)
+            self.weight = convert_rows(raw, stored_type, DENSE_DTYPES[mode], device, weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.raw is not None:
-            return kernels.linear_q8_0(x.contiguous(), self.raw, self.bias, act=self.act)
+            return kernels.linear_quantized(x.contiguous(), self.raw, self.ggml_type, self.bias, act=self.act)
         if self.raw_dev is not None:
             y = self._stored_matmul(x)
         elif self.weight.dtype == torch.float32:

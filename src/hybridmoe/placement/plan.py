@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.models.gpt_oss_config import GptOssConfig
+from hybridmoe.quant.formats import Q8_0_EXACT_TYPES
 from hybridmoe.placement.expert_backends import expert_backend, experts_device
 from hybridmoe.placement.memory import (
     GIB,
@@ -142,7 +143,7 @@ class RamSide:
     """Host memory: CPU tensors are used in place from the mmap, so they need page cache."""
 
     mmap_expert_bytes: int  # expert tensors on the CPU: read on every token, must stay cached
-    mmap_other_bytes: int  # other CPU tensors (token embedding, CPU layers)
+    mmap_other_bytes: int  # other CPU tensors (token embedding, CPU layers; Q8_0 copies, see _device_bytes)
     kv_bytes: int
     compute_bytes: int
 
@@ -216,11 +217,34 @@ def _override_rules(p: PlacementSettings, n_layers: int) -> list[Rule]:
     return rules
 
 
+def _q8_0_copy(info: TensorLike, kind: str) -> bool:
+    """A dense matrix the model holds as an exact Q8_0 copy (models.weights.stored_blocks); the
+    embedding (a row gather from the mmap) and routed experts stay as stored."""
+    return info.ggml_type in Q8_0_EXACT_TYPES and kind not in (KIND_EXPERTS, KIND_EMBEDDING)
+
+
 def _device_bytes(info: TensorLike, device: str, kind: str, gpu_dense_dtype: str) -> int:
     per = DENSE_DTYPE_BYTES[gpu_dense_dtype]
+    if _q8_0_copy(info, kind) and (per is None or device == CPU):
+        return math.prod(int(d) for d in info.ne) // 32 * 34
     if per is None or device == CPU or kind == KIND_EXPERTS or info.ggml_type == GGMLType.F32:
         return int(info.nbytes)
     return math.prod(int(d) for d in info.ne) * per
+
+
+def _conversion_note(tensors: list[TensorPlacement], gpu_dense_dtype: str) -> list[str]:
+    """What the model converts to Q8_0 at load, said once: types, tensor counts, bytes before/after."""
+    conv: dict[str, list[int]] = {}
+    exact = {q.name for q in Q8_0_EXACT_TYPES}
+    for t in tensors:
+        held_q8 = t.device == CPU or DENSE_DTYPE_BYTES[gpu_dense_dtype] is None
+        if t.type in exact and t.kind not in (KIND_EXPERTS, KIND_EMBEDDING) and held_q8:
+            c = conv.setdefault(t.type, [0, 0, 0])
+            c[0] += 1
+            c[1] += t.nbytes
+            c[2] += t.device_bytes
+    return [f"{n} dense {name} tensors ({_g(a)}) held as Q8_0 ({_g(b)}): the same values, Q8_0's kernels"
+            for name, (n, a, b) in sorted(conv.items())]
 
 
 def _assign(cfg: GptOssConfig, tensors: dict[str, TensorLike], p: PlacementSettings
@@ -312,9 +336,11 @@ def _account(cfg: GptOssConfig, tensors: list[TensorPlacement], opts: PlacementO
     cpu_t = [t for t in tensors if t.device == CPU]
     ram = RamSide(
         mmap_expert_bytes=sum(t.nbytes for t in cpu_t if t.kind == KIND_EXPERTS),
-        mmap_other_bytes=sum(t.nbytes for t in cpu_t if t.kind != KIND_EXPERTS),
+        mmap_other_bytes=sum(t.device_bytes for t in cpu_t if t.kind != KIND_EXPERTS),
         kv_bytes=devices[CPU].kv_bytes, compute_bytes=devices[CPU].compute_bytes)
-    return Plan(tensors, devices, ram, attn_dev, exp_dev, backends, opts, ctx, per_slot)
+    plan = Plan(tensors, devices, ram, attn_dev, exp_dev, backends, opts, ctx, per_slot)
+    plan.notes.extend(_conversion_note(tensors, opts.placement.gpu_dense_dtype))
+    return plan
 
 
 def _plan_for(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementOptions) -> Plan:
@@ -465,7 +491,7 @@ def fit_plan(cfg: GptOssConfig, tensors: dict[str, TensorLike], opts: PlacementO
     if g < L:
         nxt = gpu_total(plan_with(numerics, g + 1))
         note += f"; {g + 1} would need {_g(nxt)} (over by {_g(nxt - budget_bytes)})"
-    best.notes = [note] + _precision_notes(opts, numerics, _why(candidates, numerics, budget_bytes))
+    best.notes = [note] + best.notes + _precision_notes(opts, numerics, _why(candidates, numerics, budget_bytes))
     return best
 
 
