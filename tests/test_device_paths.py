@@ -363,3 +363,44 @@ def test_kv_cache_dtype_is_float32_on_the_cpu_else_the_plans():
     assert kv_dtype_for([cpu, cpu], torch.float16) == torch.float32
     assert kv_dtype_for([cpu, acc], torch.float16) == torch.float16
     assert kv_dtype_for([acc], torch.float32) == torch.float32
+
+
+# --- the other ggml block types on a device (the cpu device standing in) ---------------------
+@pytest.fixture(scope="module")
+def q4_k_m_gguf(tmp_path_factory):
+    """A fine-tune-like Q4_K_M file: attn_output Q4_K, attn_q/k Q5_0, experts Q5_0 / Q8_0 down."""
+    from hybridmoe.synth import write_synthetic
+
+    return write_synthetic(tmp_path_factory.mktemp("q4km") / "q4km.gguf", "tiny256", ftype="Q4_K_M",
+                           quantized_experts=True)
+
+
+@pytest.mark.parametrize("name,held", [("blk.0.attn_output.weight", GGMLType.Q4_K),
+                                       ("blk.0.attn_q.weight", GGMLType.Q8_0),  # Q5_0: an exact Q8_0 copy
+                                       ("blk.2.attn_v.weight", GGMLType.Q8_0)])  # Q8_0 ("more bits")
+@pytest.mark.parametrize("dtype", ["stored", "f32"])
+def test_device_dense_block_types_match_the_kernel(q4_k_m_gguf, name, held, dtype):
+    mf = open_model(q4_k_m_gguf)
+    x = torch.randn(3, mf.tensors[name].ne[0], generator=torch.Generator().manual_seed(2))
+    ref = DenseLinear(mf, name, None, torch.device("cpu"))(x)  # the C GEMV
+    lin = DenseLinear(mf, name, None, torch.device("cpu"), dtype, kernel=False)
+    assert lin.raw is None and lin.ggml_type == held
+    assert rel_err(lin(x), ref) < FP32_TOL
+
+
+def test_device_resident_block_type_experts_match_the_kernel(q4_k_m_gguf):
+    from hybridmoe.models.expert_backends import load_layer_experts, upload_experts
+
+    mf = open_model(q4_k_m_gguf)
+    cfg = GptOss(mf).config
+    for layer in (0, 3):  # down Q5_0, and Q8_0 in a "more bits" layer
+        names = tensor_names(cfg, layer)
+        le = load_layer_experts(mf, names, False, cfg.expert_ffn)
+        g = torch.Generator().manual_seed(layer)
+        x = torch.randn(5, cfg.hidden, generator=g)
+        ids = torch.stack([torch.randperm(cfg.n_experts, generator=g)[:4] for _ in range(5)]).to(torch.int32)
+        w = torch.softmax(torch.randn(5, 4, generator=g), -1)
+        ref = kernels.moe_forward(x, ids, w, le.tensors)
+        got = routed_experts(x, ids, w, upload_experts(le, torch.device("cpu")), SWIGLU_ALPHA, SWIGLU_LIMIT,
+                             decode_budget_bytes=1)
+        assert rel_err(got, ref) < FP32_TOL

@@ -117,3 +117,18 @@ def test_plan_and_generate_take_hf_too(tmp_path: Path, tiny_gguf: str, monkeypat
     assert "hybridmoe plan: error: a model is required: -m FILE or -hf ORG/NAME" in capsys.readouterr().err
     assert main(["plan", "-hf", "org/absent"]) == 1
     assert "org/absent is not in the Hugging Face cache" in capsys.readouterr().err
+
+
+def test_hf_without_a_tag_loads_the_q4_k_m_file(tmp_path: Path, monkeypatch, capsys):
+    """unsloth's and bartowski's repositories: -hf with no tag picks Q4_K_M (llama-server's first
+    choice), whose Q5_0 / Q4_K / Q8_0 mix then loads and generates."""
+    from hybridmoe.cli import main
+    from hybridmoe.synth import write_synthetic
+
+    snap = cache_with(tmp_path / "hub", "org/gpt-GGUF", [])
+    for tag in ("F16", "Q4_K_M", "Q8_0"):
+        write_synthetic(snap / f"gpt-{tag}.gguf", "tiny256", ftype=tag)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert hf_cache.resolve("org/gpt-GGUF") == str(snap / "gpt-Q4_K_M.gguf")
+    assert main(["generate", "-hf", "org/gpt-GGUF", "-p", "Hi", "-n", "2", "-t", "1", "-c", "64"]) == 0
+    assert "decode 2 tok" in capsys.readouterr().err
