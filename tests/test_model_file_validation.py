@@ -17,6 +17,7 @@ from hybridmoe.gguf.writer import write_gguf
 from hybridmoe.models.gpt_oss_config import GptOssConfig
 from hybridmoe.placement.memory import fit_context, kv_cache_bytes
 from hybridmoe.synth import PRESETS, synth_metadata, synth_tensors
+from tests.damaged_files import NEW_TYPES, TARGET, T, cli_fails, model_with
 
 # (key, bad value, words the message must hold besides file, key and value)
 BAD_VALUES = [
@@ -130,3 +131,24 @@ def test_serve_on_a_damaged_file_is_one_line(tmp_path: Path, key: str, value: ob
 def test_serve_on_a_directory_is_one_line(tmp_path: Path):
     [line] = _serve_fails(str(tmp_path))
     assert str(tmp_path) in line and "directory" in line
+
+
+def _truncated(tmp_path: Path, t: T) -> tuple[Path, str]:
+    """A file whose last tensor (type t) lacks its final byte, and the reader's line for it."""
+    path = tmp_path / f"{t.name}.gguf"
+    info = model_with(path, t, last=True)
+    end = info.offset + info.nbytes
+    os.truncate(path, end - 1)
+    return path, (f"{path}: truncated data: tensor '{TARGET}' ({t.name}, ne=[256, 64]) spans bytes "
+                  f"{info.offset}..{end} but the file has {end - 1}")
+
+
+@pytest.mark.parametrize("t", NEW_TYPES, ids=lambda t: t.name)
+def test_serve_on_a_truncated_tensor_of_each_block_type_is_one_line(tmp_path: Path, t: T):
+    path, expected = _truncated(tmp_path, t)
+    assert cli_fails("serve", "-m", str(path), "--port", "0") == f"hybridmoe serve: error: {expected}"
+
+
+def test_generate_on_a_truncated_tensor_is_one_line(tmp_path: Path):
+    path, expected = _truncated(tmp_path, T.Q5_K)
+    assert cli_fails("generate", "-m", str(path), "-n", "1") == f"hybridmoe generate: error: {expected}"

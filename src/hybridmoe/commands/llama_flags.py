@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 _NO_VALUE = """
 -cb --cont-batching -nocb --no-cont-batching -kvu --kv-unified --no-kv-unified --no-warmup --warmup
--nkvo --no-kv-offload --kv-offload --no-op-offload --no-perf --perf --check-tensors -e --escape
+-nkvo --no-kv-offload --kv-offload --no-op-offload --no-perf --perf -e --escape
 --no-escape --embedding --embeddings --reranking --rerank --props
 --no-prefill-assistant -nr --no-repack --repack -dkvc --dump-kv-cache --offline --log-disable
 --log-prefix --log-timestamps -sp --special --no-mmproj --no-mmproj-offload --mmproj-offload
@@ -140,7 +140,10 @@ LLAMA_ARG_SPEC_DRAFT_P_MIN --spec-draft-p-min  LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMP
 LLAMA_ARG_SPEC_DRAFT_SAMPLING --spec-draft-sampling  LLAMA_ARG_N_GPU_LAYERS_DRAFT --n-gpu-layers-draft
 LLAMA_ARG_SPEC_DRAFT_MODEL --model-draft  LLAMA_ARG_DRAFT_MAX --draft-max  LLAMA_ARG_DRAFT_MIN --draft-min
 """
-_env_words = _ENV_FLAGS.split()
+# Variables llama-server does not read, for its flags that have none: a container setup can still
+# switch them on the same way.
+_OUR_ENV_FLAGS = "LLAMA_ARG_CHECK_TENSORS --check-tensors"
+_env_words = (_ENV_FLAGS + _OUR_ENV_FLAGS).split()
 LLAMA_ENV_FLAGS: dict[str, str] = dict(zip(_env_words[::2], _env_words[1::2]))
 TRUTHY = frozenset({"on", "enabled", "true", "1"})  # llama.cpp's spellings of a boolean value
 FALSEY = frozenset({"off", "disabled", "false", "0"})

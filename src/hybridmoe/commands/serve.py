@@ -27,6 +27,7 @@ from hybridmoe.commands.model_source import add_model_args, model_file
 from hybridmoe.settings import (
     ComputeSettings,
     ContextSettings,
+    LoadSettings,
     ParallelSettings,
     PlacementSettings,
     PromptCacheSettings,
@@ -35,6 +36,7 @@ from hybridmoe.settings import (
     SpeculativeSettings,
     add_compute_args,
     add_context_args,
+    add_load_args,
     add_parallel_args,
     add_placement_args,
     add_prompt_cache_args,
@@ -97,13 +99,14 @@ class ServeSettings:
     sampling: SamplingDefaults
     limits: ServerLimits
     speculative: SpeculativeSettings
+    load: LoadSettings
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:
         return cls(ComputeSettings.from_args(args), ContextSettings.from_args(args),
                    ParallelSettings.from_args(args), PlacementSettings.from_args(args),
                    PromptCacheSettings.from_args(args), SamplingDefaults.from_args(args),
-                   ServerLimits.from_args(args), SpeculativeSettings.from_args(args))
+                   ServerLimits.from_args(args), SpeculativeSettings.from_args(args), LoadSettings.from_args(args))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -183,7 +186,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     a("--cors-credentials", dest="cors_credentials", action="store_true", default=True)
     a("--no-cors-credentials", dest="cors_credentials", action="store_false")
     for add_group in (add_compute_args, add_context_args, add_parallel_args, add_placement_args,
-                      add_prompt_cache_args, add_sampling_args, add_server_limit_args, add_speculative_args):
+                      add_prompt_cache_args, add_sampling_args, add_server_limit_args, add_speculative_args,
+                      add_load_args):
         add_group(p)
     p.set_defaults(unknown_flags=[], env_used=[], env_notes=[])  # filled by llama_flags.parse_llama_command_line
     return p
@@ -300,11 +304,13 @@ def _cache_config(cache: PromptCacheSettings) -> Any:
                        cache_ram_bytes=limit)
 
 
-def _preflight(args: argparse.Namespace, path: str) -> None:
-    """Header, metadata values, port and template kwargs checked before the port is bound and
-    before torch is imported: a damaged file fails in a second, in one line (GGUFError / ValueError)."""
+def _preflight(args: argparse.Namespace, path: str, load: LoadSettings) -> None:
+    """Header, metadata values, port and template kwargs (and with --check-tensors every scale and
+    value) checked before the port is bound and before torch is imported: a damaged file fails in
+    one line (GGUFError / ValueError)."""
     from hybridmoe.gguf.reader import open_model
     from hybridmoe.models.gpt_oss_config import GptOssConfig
+    from hybridmoe.quant.check import check_tensors_logged
     from hybridmoe.server.limits import check_template_kwargs
 
     if args.port is not None and not 0 <= args.port <= 65535:
@@ -317,6 +323,8 @@ def _preflight(args: argparse.Namespace, path: str) -> None:
     mf = open_model(path)
     try:
         GptOssConfig.from_metadata(mf.metadata, mf.path)
+        if load.check_tensors:
+            check_tensors_logged(mf, log)
     finally:
         mf.close()
 
@@ -422,7 +430,7 @@ def run(args: argparse.Namespace) -> int:
     if is_random:
         log.warning("no bundled demo model in this build: serving a RANDOM synthetic model (%s); its output is "
                     "noise. Pass -m FILE for a real model.", path)
-    _preflight(args, path)
+    _preflight(args, path, settings.load)
     keys = _api_keys(args)
     https = _ssl_files(args)
     ui_settings = _ui_settings(args)

@@ -15,6 +15,7 @@ from hybridmoe.settings.context import (
     add_parallel_args,
     add_prompt_cache_args,
 )
+from hybridmoe.settings.loading import LoadSettings, add_load_args
 from hybridmoe.settings.placement import GPU_DENSE_DTYPES, PlacementSettings, add_placement_args, gpu_layers
 from hybridmoe.settings.sampling import (
     SAMPLER_NAMES,
@@ -31,9 +32,10 @@ from hybridmoe.settings.speculative import SpeculativeSettings, add_speculative_
 from hybridmoe.settings.values import SettingsError, byte_size, on_off
 
 __all__ = [
-    "GPU_DENSE_DTYPES", "SAMPLER_NAMES", "SAMPLER_ORDER", "SAMPLING_DEFAULTS", "ComputeSettings", "ContextSettings", "ParallelSettings",
+    "GPU_DENSE_DTYPES", "SAMPLER_NAMES", "SAMPLER_ORDER", "SAMPLING_DEFAULTS", "ComputeSettings", "ContextSettings",
+    "LoadSettings", "ParallelSettings",
     "PlacementSettings", "PromptCacheSettings", "SamplerSettings", "SamplingDefaults", "ServerLimits",
-    "SettingsError", "SpeculativeSettings", "add_compute_args", "add_context_args", "add_parallel_args",
+    "SettingsError", "SpeculativeSettings", "add_compute_args", "add_context_args", "add_load_args", "add_parallel_args",
     "add_placement_args", "add_prompt_cache_args", "add_sampling_args", "add_server_limit_args",
     "add_speculative_args", "byte_size", "check_sampling", "gpu_layers", "on_off", "parse_samplers",
     "spec_type_notes",
