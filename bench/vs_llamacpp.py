@@ -125,7 +125,8 @@ def _time_kernels() -> list[float]:
     from hybridmoe import kernels
 
     total = [0.0]
-    targets = [(kernels, n) for n in ("moe_forward", "linear_q8_0", "linear_mxfp4", "attn_decode", "rms_norm")]
+    targets = [(kernels, n) for n in ("moe_forward", "linear_quantized", "linear_q8_0", "linear_mxfp4", "attn_decode",
+                                      "rms_norm")]
     targets.append((kernels.LinearGroup, "__call__"))  # the fused q/k/v call
     for owner, name in targets:
         fn = getattr(owner, name)
