@@ -2,10 +2,15 @@
 
 Prints aggregate generated tokens/s, request latency p50/p99, time to first token p50 and errors
 per concurrency level. Without --url it starts its own server on 127.0.0.1 (a synthetic tiny
-model unless -m is given) and stops it afterwards.
+model unless -m is given) and stops it afterwards, and prints the server's peak memory: RSS (the
+sum of each process's peak, so pages shared by replicas count once per replica) and PSS (shared
+pages split among the processes that map them: the mmap'd experts counted once).
+With --replicas N it starts `hybridmoe replicas -n N` instead (N pinned replicas behind the smg
+gateway, docs/scale-out.md) and measures through the gateway.
 
     python bench/serve_load.py                      # tiny synthetic model, streams 1 and 4
     python bench/serve_load.py -m model.gguf --streams 1,2,4,8 --requests 16 --max-tokens 64
+    python bench/serve_load.py -m model.gguf --streams 4,8 --replicas 2   # two replicas + gateway
     python bench/serve_load.py --url http://127.0.0.1:8080 --api-key KEY
     python bench/serve_load.py --json out.json      # also write the run's record (bench/record.py)
 """
@@ -21,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,10 +45,13 @@ class Result:
     error: str = ""
 
 
+MODEL_ID = "gpt-oss"  # the gateway routes by model id (the replicas' --alias); one server serves any name
+
+
 def stream_one(url: str, key: str | None, prompt: str, max_tokens: int, timeout_s: float,
                temperature: float = 0.0) -> Result:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": temperature,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -90,11 +99,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def synth_model() -> str:
+    model = os.path.join(tempfile.mkdtemp(prefix="serve_load_"), "tiny.gguf")
+    subprocess.run([sys.executable, "-m", "hybridmoe.cli", "synth", "--preset", "tiny", "--out", model],
+                   check=True, capture_output=True)
+    return model
+
+
 def start_server(model: str | None, parallel: int, threads: int | None) -> tuple[subprocess.Popen, str]:
     if model is None:
-        model = os.path.join(tempfile.mkdtemp(prefix="serve_load_"), "tiny.gguf")
-        subprocess.run([sys.executable, "-m", "hybridmoe.cli", "synth", "--preset", "tiny", "--out", model],
-                       check=True, capture_output=True)
+        model = synth_model()
     port = free_port()
     cmd = [sys.executable, "-m", "hybridmoe.cli", "serve", "-m", model, "--host", "127.0.0.1",
            "--port", str(port), "-np", str(parallel)]
@@ -103,6 +117,122 @@ def start_server(model: str | None, parallel: int, threads: int | None) -> tuple
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     return wait_healthy(proc, url, 180, "server"), url
+
+
+def start_replicas(model: str | None, n: int, parallel: int, threads: int | None) -> tuple[subprocess.Popen, str]:
+    """`hybridmoe replicas -n N` on free ports (each replica -np `parallel`; `threads` split among
+    them, else each runs one thread per core it is pinned to); ready once the gateway lists the model."""
+    if model is None:
+        model = synth_model()
+    port, base = free_port(), free_port()
+    while not all(free_port_at(p) for p in range(base, base + n)):
+        base = free_port()
+    cmd = [sys.executable, "-m", "hybridmoe.cli", "replicas", "-n", str(n), "--port", str(port),
+           "--base-port", str(base), "--metrics-port", str(free_port()), "--alias", MODEL_ID,
+           "--", "-m", model, "-np", str(parallel)]
+    if threads:
+        cmd += ["-t", str(max(1, threads // n))]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"hybridmoe replicas exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                if f'"{MODEL_ID}"'.encode() in r.read():
+                    return proc, url
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit("the gateway did not list the model within 600 s")
+
+
+def free_port_at(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _kib(path: str, field: str) -> int:
+    """A `Field:  N kB` line of a /proc file, in KiB (0 if the process is gone)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class MemorySampler:
+    """Peak memory of the server processes while the bench runs: the peak of their summed PSS
+    (sampled), each one's peak RSS (the kernel's VmHWM) and the gateway's, in MiB."""
+
+    def __init__(self, servers: list[int], gateway: int | None, interval_s: float = 0.2) -> None:
+        self.servers, self.gateway = servers, gateway
+        self.peak_pss_kib = 0
+        self._hwm = {pid: 0 for pid in servers + ([gateway] if gateway else [])}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
+
+    def _sample(self) -> None:
+        self.peak_pss_kib = max(self.peak_pss_kib,
+                                sum(_kib(f"/proc/{p}/smaps_rollup", "Pss") for p in self.servers))
+        for p in self._hwm:
+            self._hwm[p] = max(self._hwm[p], _kib(f"/proc/{p}/status", "VmHWM"))
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            self._sample()
+
+    def start(self) -> MemorySampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sample()
+
+    def figures(self) -> dict[str, float]:
+        mib = 1024.0
+        return {"servers": len(self.servers),
+                "peak_rss_sum_mib": sum(self._hwm[p] for p in self.servers) / mib,
+                "peak_pss_mib": self.peak_pss_kib / mib,
+                "gateway_peak_rss_mib": self._hwm[self.gateway] / mib if self.gateway else 0.0}
+
+
+def server_pids(proc: subprocess.Popen, replicas: int) -> tuple[list[int], int | None]:
+    """(the serving processes, the gateway): the started server itself, or the launcher's children."""
+    if not replicas:
+        return [proc.pid], None
+    kids = _children(proc.pid)
+    servers = [p for p in kids if "serve" in _cmdline(p)]
+    gateway = next((p for p in kids if p not in servers), None)  # smg renames itself (setproctitle)
+    return servers, gateway
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, what: str) -> subprocess.Popen:
@@ -131,7 +261,10 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=8, help="requests per level")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="runs per level; the median throughput is shown")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="server threads (started server only)")
+    ap.add_argument("-t", "--threads", type=int, default=None,
+                    help="server threads (started server only; with --replicas, split among them)")
+    ap.add_argument("--replicas", type=int, default=0,
+                    help="start N replicas behind the smg gateway (hybridmoe replicas) instead of one server")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy streams (the default); e.g. 0.8 to include the sampler's cost")
@@ -143,11 +276,14 @@ def main() -> int:
                                     "url": "given" if args.url else "started here", "streams": levels,
                                     "requests": args.requests, "max_tokens": args.max_tokens,
                                     "repeats": args.repeats, "threads": args.threads,
-                                    "temperature": args.temperature})
+                                    "temperature": args.temperature, "replicas": args.replicas})
     proc = None
     url = args.url
-    if url is None:
+    if url is None and args.replicas:
+        proc, url = start_replicas(args.model, args.replicas, max(levels), args.threads)
+    elif url is None:
         proc, url = start_server(args.model, max(levels), args.threads)
+    sampler = MemorySampler(*server_pids(proc, args.replicas)).start() if proc is not None else None
     try:
         stream_one(url, args.api_key, "warm up", 4, args.timeout)
         print(f"server {url}, {args.requests} requests x {args.max_tokens} tokens per level, "
@@ -168,10 +304,17 @@ def main() -> int:
                                 "p99_latency_s": pct(lat, 0.99), "p50_ttft_s": pct(ttft, 0.5), "errors": len(errors)})
             rec["runs"] += [{"streams": n, "repeat": i, "wall_s": wall, "tokens_per_s": tp}
                             for i, ((wall, _), tp) in enumerate(zip(runs, tps))]
+        if sampler is not None:
+            sampler.stop()
+            mem = sampler.figures()
+            rec["memory"] = mem
+            gw = f", gateway {mem['gateway_peak_rss_mib']:.0f} MiB RSS" if args.replicas else ""
+            print(f"memory of {mem['servers']} server process(es): peak RSS {mem['peak_rss_sum_mib']:.0f} MiB "
+                  f"(sum of each one's peak), peak PSS {mem['peak_pss_mib']:.0f} MiB (shared pages once){gw}")
     finally:
         if proc is not None:
             proc.terminate()
-            proc.wait(timeout=30)
+            proc.wait(timeout=120)  # replicas: the gateway first, then each replica's own shutdown
     record.write(rec, args.json)
     return 0
 

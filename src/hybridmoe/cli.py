@@ -8,7 +8,7 @@ import os
 import sys
 
 # name -> module under hybridmoe.commands; imported lazily so `inspect` never pays for torch.
-COMMANDS = ["serve", "generate", "inspect", "synth", "plan"]
+COMMANDS = ["serve", "generate", "inspect", "synth", "plan", "replicas"]
 # Commands that take llama-server's command lines: its flags that mean nothing here are set aside
 # and warned about instead of failing the command (commands/llama_flags.py).
 LLAMA_COMPATIBLE = {"serve"}

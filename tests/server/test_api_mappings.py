@@ -72,6 +72,28 @@ def test_store_is_bounded_and_names_a_dropped_ancestor(monkeypatch):
     assert e.value.status == 400 and "ancestor r1" in e.value.message and e.value.param == "previous_response_id"
 
 
+def test_stores_sharing_a_responses_dir_continue_each_others_chains(tmp_path, monkeypatch):
+    """--responses-dir: two replicas' stores over one directory; a chain started on one is read by
+    the other (and by a restarted one), oldest item first; a pruned file is a missing ancestor."""
+    from hybridmoe.server.response_files import ResponseFiles
+
+    a, b = ResponseStore(ResponseFiles(tmp_path)), ResponseStore(ResponseFiles(tmp_path))
+    out = [{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
+           {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "A"}]}]
+    a.put("resp_1", parse_items([{"role": "user", "content": "1"}]), out, None)
+    b.put("resp_2", parse_items([{"role": "user", "content": "2"}]), out, "resp_1")
+    for store in (a, ResponseStore(ResponseFiles(tmp_path))):
+        items = store.history("resp_2")
+        assert [i.type for i in items] == ["message", "reasoning", "message", "message", "reasoning", "message"]
+        assert items[0].content == "1" and items[3].content == "2" and items[1].text("x") == "think"
+    assert ResponseFiles(tmp_path).read("../etc/passwd") is None and not list(tmp_path.glob(".tmp-*"))
+    monkeypatch.setattr(ResponseFiles, "MAX_FILES", 1)
+    ResponseFiles(tmp_path).prune()  # the oldest file goes
+    with pytest.raises(APIError) as e:
+        ResponseStore(ResponseFiles(tmp_path)).history("resp_2")
+    assert "ancestor resp_1" in e.value.message and "--responses-dir" in e.value.message
+
+
 @pytest.mark.parametrize("thinking,expected", [
     ({"type": "disabled"}, "low"), ({"type": "enabled", "budget_tokens": 1024}, "low"),
     ({"type": "enabled", "budget_tokens": 10000}, "medium"), ({"type": "enabled", "budget_tokens": 31999}, "high"),

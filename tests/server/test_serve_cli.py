@@ -124,7 +124,7 @@ def test_unloadable_model_exits_with_a_clear_error(tmp_path, capsys):
     assert len(err) == 1 and "broken.gguf" in err[0] and "GGUF version 0" in err[0], err
 
 
-@pytest.mark.parametrize("flag", ["--slot-save-path", "--prompt-cache-dir"])
+@pytest.mark.parametrize("flag", ["--slot-save-path", "--prompt-cache-dir", "--responses-dir"])
 def test_directories_that_cannot_be_made_fail_before_the_port_is_bound(flag, tmp_path, tiny_gguf):
     from hybridmoe.cli import main
 

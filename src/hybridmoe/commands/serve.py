@@ -158,6 +158,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
       help="llama-server's loading mode: mlock and mmap+mlock pin the weights as --mlock; none and dio are "
            "--no-mmap")
     a("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore files")
+    a("--responses-dir", default=None, metavar="DIR",
+      help="write stored Responses (previous_response_id) to DIR as well as memory: replicas sharing DIR "
+           "continue each other's conversations, and a restart keeps them (docs/scale-out.md)")
     a("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     a("--slots", dest="slots", action="store_true", default=True, help="expose /slots (default)")
     a("--no-slots", dest="slots", action="store_false", help="/slots answers 501")
@@ -411,7 +414,8 @@ def run(args: argparse.Namespace) -> int:
     if args.no_mmap or LOAD_MODES[args.load_mode][1]:
         log.warning("%s is accepted, but the experts are always used in place from the mmap (--mlock pins them "
                     "in RAM)", "--no-mmap" if args.no_mmap else f"--load-mode {args.load_mode}")
-    for flag, directory in (("--slot-save-path", args.slot_save_path), ("--prompt-cache-dir", args.prompt_cache_dir)):
+    for flag, directory in (("--slot-save-path", args.slot_save_path), ("--prompt-cache-dir", args.prompt_cache_dir),
+                            ("--responses-dir", args.responses_dir)):
         if directory:
             try:
                 os.makedirs(directory, exist_ok=True)
@@ -450,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
                       credentials=args.cors_credentials)
     state = ServerState(api_keys=keys, metrics_enabled=args.metrics, slots_enabled=args.slots, cors=cors,
                         sse_ping_interval=args.sse_ping_interval, ui=args.ui, api_prefix=args.api_prefix,
-                        ui_settings=ui_settings, static_dir=args.static_path)
+                        ui_settings=ui_settings, static_dir=args.static_path, responses_dir=args.responses_dir)
     state.max_body_bytes = settings.limits.max_body_bytes
     app = create_app(state)
     grace = settings.limits.shutdown_grace

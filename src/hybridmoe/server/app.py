@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hybridmoe.server import messages_api, responses_api
 from hybridmoe.server.messages_api import MessagesInput, MessagesRequest, anthropic_error_body
 from hybridmoe.server.guards import BodyGuard, HeadAsGet
+from hybridmoe.server.loads import loads as engine_loads
 from hybridmoe.server.limits import DEFAULT_MAX_BODY_BYTES
 from hybridmoe.server.protocol import (
     APIError,
@@ -35,6 +36,7 @@ from hybridmoe.server.protocol import (
 from hybridmoe.server.cors import CorsConfig, CorsMiddleware
 from hybridmoe.server.event_streams import with_pings
 from hybridmoe.server.native_api import register_routes as register_native_routes
+from hybridmoe.server.response_files import ResponseFiles
 from hybridmoe.server.responses_api import ResponsesRequest, ResponseStore
 from hybridmoe.server.serving import Serving
 from hybridmoe.server.webui_routes import WEBUI_PUBLIC_PATHS, add_webui_routes
@@ -61,6 +63,7 @@ class ServerState:
     api_prefix: str = ""  # --api-prefix: every route under this path ("/api"), nothing outside it
     ui_settings: dict[str, Any] = field(default_factory=dict)  # --ui-config: the page's defaults (/props)
     static_dir: str | None = None  # --path: files served at / in place of the chat page (public, as it is)
+    responses_dir: str | None = None  # --responses-dir: stored Responses also in files (shared by replicas)
 
     def is_static_file(self, path: str) -> bool:
         """A file --path serves at `path` (its index.html for a directory)."""
@@ -210,7 +213,7 @@ def create_app(state: ServerState) -> FastAPI:
         result = await serving().chat(req, request.is_disconnected)
         return respond(result, req)
 
-    responses_store = ResponseStore()
+    responses_store = ResponseStore(ResponseFiles(state.responses_dir) if state.responses_dir else None)
 
     @app.post("/v1/responses")
     @app.post("/responses")
@@ -296,6 +299,10 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
                            type="not_supported_error")
         return PlainTextResponse(serving().metrics_text(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/loads")
+    async def loads() -> Any:  # SGLang's load report, polled by gateways (smg): server/loads.py
+        return engine_loads(serving().engine)
 
     # llama-server's routes for other kinds of model: the same 501 a client gets from it for a
     # model without that ability, not a bare 404.
