@@ -131,15 +131,15 @@ int64_t row_bytes_of(int fmt, int64_t K) {
 // Ext formats compute in fp32 in every mode (no int8/int16 kernels of their own).
 int effective_act(int act, int fmt) { return ext_format(fmt) ? kActF32 : act; }
 
-// The ext decoders and row dot of a kernel set.
+// The ext decoders and fused GEMV of a kernel set.
 struct ExtKernels {
     void (*decode)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out);
-    void (*dot_rows)(const float* W, int64_t n_rows, int64_t K, const float* const* xs, int nt, float* out,
-                     int64_t ldo);
+    void (*gemv)(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs,
+                 int nt, float* out, int64_t ldo);
 };
-const ExtKernels kExtScalar = {scalar::decode_ext, scalar::dot_rows};
-const ExtKernels kExtAvx2 = {avx2::decode_ext, avx2::dot_rows};
-const ExtKernels kExtAvx512 = {avx512::decode_ext, avx512::dot_rows};
+const ExtKernels kExtScalar = {scalar::decode_ext, scalar::gemv_ext};
+const ExtKernels kExtAvx2 = {avx2::decode_ext, avx2::gemv_ext};
+const ExtKernels kExtAvx512 = {avx512::decode_ext, avx512::gemv_ext};
 const ExtKernels& ext_kernels(const KernelSet* ks) {
     return ks == &kAvx512Kernels ? kExtAvx512 : ks == &kAvx2Kernels ? kExtAvx2 : kExtScalar;
 }
@@ -175,7 +175,7 @@ Scratch<int8_t> g_xq, g_aq;  // fast mode: quantized activations (tokens, then a
 Scratch<int16_t> g_x16, g_a16;  // default GEMV path: int16 activations (tokens, then act rows)
 Scratch<float> g_xd16, g_ad16;
 Scratch<uint8_t> g_x3, g_a3;  // three-digit activations (tokens, then act rows)
-thread_local Scratch<float> t_tile, t_buf0, t_buf1, t_ext;  // t_ext: ext-format rows decoded for the GEMV
+thread_local Scratch<float> t_tile, t_buf0, t_buf1;
 
 template <class T, class A>
 T* grow(std::vector<T, A>& v, size_t n) {
@@ -233,10 +233,9 @@ void quantize_rows(const float* const* x, int64_t M, int64_t K, int8_t* q, float
 // out[a*n_rows + r] = W[r] . A[a] for a < M: fused GEMV (A = M rows prepped by prep_x) or
 // tile + GEMM (A packed by pack_a); with xq non-null (fast mode), the int8 GEMV on xq[a]/xd[a],
 // or on the tile path the int8 GEMM.
-// Ext formats: out[a*n_rows + r] = W[r] . A[a] with W's rows decoded to float32 first: the tile
-// path decodes the unit and runs the fp32 GEMM on A packed by pack_a; the GEMV path decodes
-// kExtRows rows at a time (an L1-sized buffer) and dots them with the M natural-order rows of A.
-constexpr int64_t kExtRows = 4;
+// Ext formats: out[a*n_rows + r] = W[r] . A[a]: the tile path decodes the unit to float32 and runs
+// the fp32 GEMM on A packed by pack_a; the GEMV path runs the fused GEMV (weights decoded in
+// registers) on the M natural-order rows of A, kMaxGemvTokens per pass.
 void ext_rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t* w, int64_t row_bytes,
                     int64_t n_rows, int64_t K, const float* A, int64_t M, float* out) {
     const ExtKernels& ex = ext_kernels(ks);
@@ -246,16 +245,11 @@ void ext_rows_times(const KernelSet* ks, int fmt, bool tile_path, const uint8_t*
         ks->gemm(A, M, tile, n_rows, K, out, n_rows);
         return;
     }
-    float* rows = grow(t_ext, size_t(kExtRows * K));
     for (int64_t a0 = 0; a0 < M; a0 += kMaxGemvTokens) {
         const int nt = int(std::min<int64_t>(kMaxGemvTokens, M - a0));
         const float* xs[kMaxGemvTokens];
         for (int t = 0; t < nt; ++t) xs[t] = A + (a0 + t) * K;
-        for (int64_t r0 = 0; r0 < n_rows; r0 += kExtRows) {
-            const int64_t nr = std::min(kExtRows, n_rows - r0);
-            ex.decode(fmt, w + r0 * row_bytes, row_bytes, nr, K, rows);
-            ex.dot_rows(rows, nr, K, xs, nt, out + a0 * n_rows + r0, n_rows);
-        }
+        ex.gemv(fmt, w, row_bytes, n_rows, K, xs, nt, out + a0 * n_rows, n_rows);
     }
 }
 

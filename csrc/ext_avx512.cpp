@@ -1,11 +1,15 @@
-// AVX-512 (F/BW/VL) decoders of the ext formats (layouts: ext_scalar.cpp) and the fp32 row dot.
-// 16 int32 lanes per vpmovzxbd load. Where a value is a function of 4 index bits, one vpermps on a
-// 16-entry float table gives it directly (vpermps reads only the low 4 bits of each lane, so the
-// nibble needs no masking); a 5th bit becomes a mask register (the Q5_0/Q5_1 qh word itself, or
-// vptestmb over the K-quants' bit planes) that picks a second table. Q6_K's 6-bit codes are
-// assembled as bytes, 64 per vector, then sign-extended 16 at a time. Every value gets numpy's
-// one rounding, as in the scalar set.
+// AVX-512 (F/BW/VL) decoders of the ext formats (layouts: ext_scalar.cpp) and the fused GEMV that
+// runs them. 16 int32 lanes per vpmovzxbd load. Where a value is a function of 4 index bits times
+// the block's (or sub-block's) scale, the 16-entry value table is scaled once and one vpermps per
+// 16 values gives the weights (vpermps reads only the low 4 bits of each lane, so the nibble needs
+// no masking); a 5th bit picks a second table through vpermt2ps (Q5_0/Q5_1 from the qh word, Q5_K
+// from its bit planes); Q3_K's 3-bit index uses a repeated 8-entry table. Q6_K's 6-bit codes are
+// assembled as bytes, 64 per vector, then sign-extended 16 at a time. Every value gets numpy's one
+// rounding, as in the scalar set (each table entry is the same fp32 operation on the same operands).
 // Internal linkage only, as in kern_avx512.cpp.
+#include <algorithm>
+#include <utility>
+
 #include "common.h"
 #include "ext_formats.h"
 
@@ -16,10 +20,12 @@
 namespace hm {
 namespace {
 
+// Through vmovd, not _cvtsh_ss: GCC builds that with vpinsrw merging into whatever register it
+// picks, a false dependency on an older value.
 inline float f16(const uint8_t* p) {
     uint16_t h;
     std::memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 
 inline uint32_t u32(const uint8_t* p) {
@@ -33,8 +39,36 @@ HM_ALWAYS_INLINE inline __m512i u8x16(const uint8_t* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
 }
 
-HM_ALWAYS_INLINE inline void store(float* o, __m512 v) { _mm512_storeu_ps(o, v); }
 HM_ALWAYS_INLINE inline __m512 bcast(float v) { return _mm512_set1_ps(v); }
+
+// The fp16 at p in every lane: vpbroadcastw + vcvtph2ps, two instructions where f16 + bcast
+// take four (the small blocks' GEMV is bound by instruction count).
+HM_ALWAYS_INLINE inline __m512 bcast_f16(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _mm512_cvtph_ps(_mm256_set1_epi16(short(h)));
+}
+
+// Where the decoders put each vector of 16 values (element offset off within the block):
+// StoreSink writes them out (decode_ext), FmaSink multiplies them into per-token accumulators
+// (gemv_ext), so both run the same decoding code.
+struct StoreSink {
+    float* o;  // the block's first value
+    HM_ALWAYS_INLINE void operator()(int off, __m512 v) const { _mm512_storeu_ps(o + off, v); }
+};
+
+// A sets of NT accumulators, used in turn per vector: A independent FMA chains per token hide
+// the FMA latency when NT is small. The rotation is register renaming once the block is unrolled.
+template <int NT, int A>
+struct FmaSink {
+    const float* x[NT];  // each token's activations at the block's first element
+    __m512 acc[A][NT];
+    HM_ALWAYS_INLINE void operator()(int off, __m512 v) {
+        for (int t = 0; t < NT; ++t) acc[0][t] = _mm512_fmadd_ps(v, _mm512_loadu_ps(x[t] + off), acc[0][t]);
+        for (int a = 0; a + 1 < A; ++a)
+            for (int t = 0; t < NT; ++t) std::swap(acc[a][t], acc[a + 1][t]);
+    }
+};
 
 // Float lookup tables indexed by 4 bits. Literal data, not built at load: a constructor in this
 // file would be AVX-512 code running on every CPU.
@@ -44,8 +78,8 @@ struct Tables {
     float plus16[16];   // i + 16: Q5_1 / Q5_K with it
     float q4_0[16];     // i - 8
     float iq4[16];      // kIq4Values
-    float and3[16];     // i & 3: Q2_K, Q3_K with the high bit
-    float and3m4[16];   // (i & 3) - 4: Q3_K without it
+    float and3[16];     // i & 3: Q2_K
+    float q3[16];       // (i & 7) - 4: Q3_K's code | high bit << 2
 };
 alignas(64) constexpr Tables kT = {
     {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
@@ -54,7 +88,7 @@ alignas(64) constexpr Tables kT = {
     {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7},
     {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113},
     {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3},
-    {-4, -3, -2, -1, -4, -3, -2, -1, -4, -3, -2, -1, -4, -3, -2, -1},
+    {-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3},
 };
 
 HM_ALWAYS_INLINE inline __m512 tbl(const float* t) { return _mm512_loadu_ps(t); }
@@ -62,256 +96,467 @@ HM_ALWAYS_INLINE inline __m512 tbl(const float* t) { return _mm512_loadu_ps(t); 
 // Value of the low 4 bits of each lane of idx, from t.
 HM_ALWAYS_INLINE inline __m512 look(__m512i idx, const float* t) { return _mm512_permutexvar_ps(idx, tbl(t)); }
 
-// As look, but lanes with their bit set in k read t1.
-HM_ALWAYS_INLINE inline __m512 look2(__m512i idx, const float* t0, const float* t1, __mmask16 k) {
-    return _mm512_mask_permutexvar_ps(look(idx, t0), k, idx, tbl(t1));
-}
+// Keeps a scale array in memory: its per-sub-block broadcasts then load from it (load ports, or
+// an FMA's {1to16} operand) instead of extracting lanes with shuffles, which compete with the
+// decode's permutes.
+template <int N, class T>
+HM_ALWAYS_INLINE inline void pin(T* a) { __asm__("" : "+m"(*(T(*)[N])a)); }
 
-HM_ALWAYS_INLINE inline void q4_0(const uint8_t* b, float* o) {
-    const __m512 d = bcast(f16(b));
-    const __m512i v = u8x16(b + 2);
-    store(o, _mm512_mul_ps(d, look(v, kT.q4_0)));
-    store(o + 16, _mm512_mul_ps(d, look(_mm512_srli_epi32(v, 4), kT.q4_0)));
-}
-
-HM_ALWAYS_INLINE inline void q4_1(const uint8_t* b, float* o) {
-    const __m512 d = bcast(f16(b)), m = bcast(f16(b + 2));
-    const __m512i v = u8x16(b + 4);
-    store(o, _mm512_fmadd_ps(d, look(v, kT.ident), m));
-    store(o + 16, _mm512_fmadd_ps(d, look(_mm512_srli_epi32(v, 4), kT.ident), m));
-}
-
-// qh is the element mask: bit e set means element e has its high bit.
-HM_ALWAYS_INLINE inline void q5_0(const uint8_t* b, float* o) {
-    const __m512 d = bcast(f16(b));
-    const uint32_t qh = u32(b + 2);
-    const __m512i v = u8x16(b + 6);
-    store(o, _mm512_mul_ps(d, look2(v, kT.minus16, kT.ident, __mmask16(qh))));
-    store(o + 16, _mm512_mul_ps(d, look2(_mm512_srli_epi32(v, 4), kT.minus16, kT.ident, __mmask16(qh >> 16))));
-}
-
-HM_ALWAYS_INLINE inline void q5_1(const uint8_t* b, float* o) {
-    const __m512 d = bcast(f16(b)), m = bcast(f16(b + 2));
-    const uint32_t qh = u32(b + 4);
-    const __m512i v = u8x16(b + 8);
-    store(o, _mm512_fmadd_ps(d, look2(v, kT.ident, kT.plus16, __mmask16(qh)), m));
-    store(o + 16, _mm512_fmadd_ps(d, look2(_mm512_srli_epi32(v, 4), kT.ident, kT.plus16, __mmask16(qh >> 16)), m));
-}
-
-HM_ALWAYS_INLINE inline void iq4_32(const uint8_t* qs, __m512 d, float* o) {
-    const __m512i v = u8x16(qs);
-    store(o, _mm512_mul_ps(d, look(v, kT.iq4)));
-    store(o + 16, _mm512_mul_ps(d, look(_mm512_srli_epi32(v, 4), kT.iq4)));
-}
-
-HM_ALWAYS_INLINE inline void iq4_nl(const uint8_t* b, float* o) { iq4_32(b + 2, bcast(f16(b)), o); }
-
-// Sub-block scales: d times 16 unsigned / signed bytes, as numpy's fp32 products, stored for
-// per-sub-block broadcasts.
+// Sub-block scales: d times 16 unsigned / signed bytes, as numpy's fp32 products.
 HM_ALWAYS_INLINE inline void scale16u(__m128i v, float d, float* out) {
     _mm512_store_ps(out, _mm512_mul_ps(bcast(d), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v))));
+    pin<16>(out);
 }
 HM_ALWAYS_INLINE inline void scale16s(__m128i v, float d, float* out) {
     _mm512_store_ps(out, _mm512_mul_ps(bcast(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))));
+    pin<16>(out);
 }
-// The same for 8 bytes (the low 8 of v).
-HM_ALWAYS_INLINE inline void scale8u(__m128i v, float d, float* out) {
-    _mm256_store_ps(out, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))));
+
+// One decoder per format, in two steps: prep(b, p) computes the block's scales (or scaled value
+// tables) into p, run(b, p, o) decodes the values and hands each vector of 16 to o(offset, v).
+// The GEMV preps a block ahead: prep is a long load -> unpack -> convert -> multiply chain that,
+// issued just before its block, left the pipes idle (Q4_K ran ~15% slower).
+template <int F>
+struct Block;
+
+// Where a value is a fixed function of a nibble times the block scale, prep scales the whole
+// 16-entry table (the same fp32 products, lane by lane) and run is one vpermps per 16 values.
+template <>
+struct Block<kQ4_0> {
+    struct Pre {
+        __m512 t;  // d * (i - 8)
+    };
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) { p.t = _mm512_mul_ps(bcast_f16(b), tbl(kT.q4_0)); }
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        const __m512i v = u8x16(b + 2);
+        o(0, _mm512_permutexvar_ps(v, p.t));
+        o(16, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), p.t));
+    }
+};
+
+template <>
+struct Block<kQ4_1> {
+    struct Pre {
+        __m512 t;  // d * i + m
+    };
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) {
+        p.t = _mm512_fmadd_ps(bcast_f16(b), tbl(kT.ident), bcast_f16(b + 2));
+    }
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        const __m512i v = u8x16(b + 4);
+        o(0, _mm512_permutexvar_ps(v, p.t));
+        o(16, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), p.t));
+    }
+};
+
+// 32 5-bit codes (16 nibble bytes, low nibbles first; qh bit e = element e's high bit) looked up
+// in the 32-entry table t0 | t1 with vpermt2ps, whose index bit 4 picks t1.
+template <class S>
+HM_ALWAYS_INLINE inline void q5_32(const uint8_t* qs, uint32_t qh, __m512 t0, __m512 t1, S& o) {
+    const __m512i v = u8x16(qs), b4 = _mm512_set1_epi32(16);
+    const __m512i lo = _mm512_mask_or_epi32(_mm512_andnot_si512(b4, v), __mmask16(qh), v, b4);
+    const __m512i hi = _mm512_srli_epi32(v, 4);
+    o(0, _mm512_permutex2var_ps(t0, lo, t1));
+    o(16, _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(hi, __mmask16(qh >> 16), hi, b4), t1));
 }
+
+// qh is the element mask: bit e set means element e has its high bit.
+template <>
+struct Block<kQ5_0> {
+    struct Pre {
+        __m512 t0, t1;  // d * (i - 16), d * i: without / with the high bit
+    };
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) {
+        const __m512 d = bcast_f16(b);
+        p.t0 = _mm512_mul_ps(d, tbl(kT.minus16));
+        p.t1 = _mm512_mul_ps(d, tbl(kT.ident));
+    }
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        q5_32(b + 6, u32(b + 2), p.t0, p.t1, o);
+    }
+};
+
+template <>
+struct Block<kQ5_1> {
+    struct Pre {
+        __m512 t0, t1;  // d * i + m, d * (i + 16) + m
+    };
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) {
+        const __m512 d = bcast_f16(b), m = bcast_f16(b + 2);
+        p.t0 = _mm512_fmadd_ps(d, tbl(kT.ident), m);
+        p.t1 = _mm512_fmadd_ps(d, tbl(kT.plus16), m);
+    }
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        q5_32(b + 8, u32(b + 4), p.t0, p.t1, o);
+    }
+};
+
+// 32 IQ4 codes (16 bytes, low nibbles first) looked up in t, the scaled code table.
+template <class S>
+HM_ALWAYS_INLINE inline void iq4_32(const uint8_t* qs, __m512 t, S& o, int off) {
+    const __m512i v = u8x16(qs);
+    o(off, _mm512_permutexvar_ps(v, t));
+    o(off + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t));
+}
+
+template <>
+struct Block<kIQ4_NL> {
+    struct Pre {
+        __m512 t;  // d * kIq4Values[i]
+    };
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) { p.t = _mm512_mul_ps(bcast_f16(b), tbl(kT.iq4)); }
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        iq4_32(b + 2, p.t, o, 0);
+    }
+};
 
 // The 8 sub-block scales d * (ls - 32): lane ib takes nibble ib of the 4 sl bytes and bits
 // 2ib, 2ib+1 of sh.
-HM_ALWAYS_INLINE inline void iq4_xs(const uint8_t* b, float* o) {
-    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i sl = _mm256_srlv_epi32(_mm256_set1_epi32(int(u32(b + 4))), _mm256_slli_epi32(lanes, 2));
-    const __m256i sh = _mm256_srlv_epi32(_mm256_set1_epi32(b[2] | b[3] << 8), _mm256_slli_epi32(lanes, 1));
-    const __m256i ls = _mm256_or_si256(_mm256_and_si256(sl, _mm256_set1_epi32(15)),
-                                       _mm256_slli_epi32(_mm256_and_si256(sh, _mm256_set1_epi32(3)), 4));
-    const __m256 dls = _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32)));
-    alignas(32) float dl[8];
-    _mm256_store_ps(dl, _mm256_mul_ps(_mm256_set1_ps(f16(b)), dls));
-    for (int ib = 0; ib < 8; ++ib) iq4_32(b + 8 + 16 * ib, bcast(dl[ib]), o + 32 * ib);
-}
+template <>
+struct Block<kIQ4_XS> {
+    struct Pre {
+        alignas(32) float dl[8];
+    };
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) {
+        const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i sl = _mm256_srlv_epi32(_mm256_set1_epi32(int(u32(b + 4))), _mm256_slli_epi32(lanes, 2));
+        const __m256i sh = _mm256_srlv_epi32(_mm256_set1_epi32(b[2] | b[3] << 8), _mm256_slli_epi32(lanes, 1));
+        const __m256i ls = _mm256_or_si256(_mm256_and_si256(sl, _mm256_set1_epi32(15)),
+                                           _mm256_slli_epi32(_mm256_and_si256(sh, _mm256_set1_epi32(3)), 4));
+        const __m256 dls = _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32)));
+        _mm256_store_ps(p.dl, _mm256_mul_ps(_mm256_set1_ps(f16(b)), dls));
+        pin<8>(p.dl);
+    }
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        for (int ib = 0; ib < 8; ++ib) iq4_32(b + 8 + 16 * ib, _mm512_mul_ps(tbl(kT.iq4), bcast(p.dl[ib])), o, 32 * ib);
+    }
+};
 
-// K-quants: the sub-block scales are unpacked once per super-block into float arrays, then
-// broadcast per 16 values.
-HM_ALWAYS_INLINE inline void q2_k(const uint8_t* b, float* o) {
-    const uint8_t* qs = b + 16;
-    const __m128i sc = _mm_loadu_si128((const __m128i*)b), m4 = _mm_set1_epi8(15);
-    alignas(64) float dl[16], ml[16];
-    scale16u(_mm_and_si128(sc, m4), f16(b + 80), dl);
-    scale16u(_mm_and_si128(_mm_srli_epi16(sc, 4), m4), f16(b + 82), ml);
-    for (int h = 0; h < 2; ++h)
-        for (int g = 0; g < 2; ++g) {  // elements 128h + 32s + 16g.. from bytes qs[32h + 16g..]
-            __m512i v = u8x16(qs + 32 * h + 16 * g);
-            for (int s = 0; s < 4; ++s, v = _mm512_srli_epi32(v, 2)) {
-                const int j = 8 * h + 2 * s + g;
-                store(o + 128 * h + 32 * s + 16 * g,
-                      _mm512_fmsub_ps(bcast(dl[j]), look(v, kT.and3), bcast(ml[j])));
+// K-quants: the sub-block scales go to float arrays, broadcast per 16 values.
+template <>
+struct Block<kQ2_K> {
+    struct Pre {
+        alignas(64) float dl[16], ml[16];
+    };
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) {
+        const __m128i sc = _mm_loadu_si128((const __m128i*)b), m4 = _mm_set1_epi8(15);
+        scale16u(_mm_and_si128(sc, m4), f16(b + 80), p.dl);
+        scale16u(_mm_and_si128(_mm_srli_epi16(sc, 4), m4), f16(b + 82), p.ml);
+    }
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        const uint8_t* qs = b + 16;
+        for (int h = 0; h < 2; ++h)
+            for (int g = 0; g < 2; ++g) {  // elements 128h + 32s + 16g.. from bytes qs[32h + 16g..]
+                __m512i v = u8x16(qs + 32 * h + 16 * g);
+                for (int s = 0; s < 4; ++s, v = _mm512_srli_epi32(v, 2)) {
+                    const int j = 8 * h + 2 * s + g;
+                    o(128 * h + 32 * s + 16 * g, _mm512_fmsub_ps(bcast(p.dl[j]), look(v, kT.and3), bcast(p.ml[j])));
+                }
             }
-        }
-}
+    }
+};
 
-HM_ALWAYS_INLINE inline void q3_k(const uint8_t* b, float* o) {
-    const uint8_t *hm = b, *qs = b + 32;
-    uint64_t sc[2];
-    q3k_unpack(b + 96, sc);
-    alignas(64) float dl[16];
-    scale16s(_mm_sub_epi8(_mm_set_epi64x(int64_t(sc[1]), int64_t(sc[0])), _mm_set1_epi8(32)), f16(b + 108), dl);
-    for (int h = 0; h < 2; ++h)
-        for (int g = 0; g < 2; ++g) {
-            __m512i v = u8x16(qs + 32 * h + 16 * g);
-            // Byte l's bit 4h + s is element 128h + 32s + 16g + l's high bit; shifting 16-bit
-            // lanes is fine as only bit 0 of each byte is tested.
-            __m128i m = _mm_srli_epi16(_mm_loadu_si128((const __m128i*)(hm + 16 * g)), 4 * h);
-            for (int s = 0; s < 4; ++s, v = _mm512_srli_epi32(v, 2), m = _mm_srli_epi16(m, 1)) {
-                const __mmask16 k = _mm_test_epi8_mask(m, _mm_set1_epi8(1));
-                store(o + 128 * h + 32 * s + 16 * g,
-                      _mm512_mul_ps(bcast(dl[8 * h + 2 * s + g]), look2(v, kT.and3m4, kT.and3, k)));
+template <>
+struct Block<kQ3_K> {
+    struct Pre {
+        alignas(64) float dl[16];
+    };
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) {
+        uint64_t sc[2];
+        q3k_unpack(b + 96, sc);
+        const __m128i s = _mm_sub_epi8(_mm_set_epi64x(int64_t(sc[1]), int64_t(sc[0])), _mm_set1_epi8(32));
+        scale16s(s, f16(b + 108), p.dl);
+    }
+    // Per (h, s), the 32 indices code | high bit << 2 are built as bytes in one vpternlogd (bit 3
+    // holds a leftover, so the table repeats after 8 entries; bits 4-7 vpermps ignores), then
+    // widened 16 at a time and looked up in the sub-block's table dl * (i - 4).
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        const __m256i hm = _mm256_loadu_si256((const __m256i*)b);  // byte l, bit 4h + s: element 128h + 32s + l
+        for (int h = 0; h < 2; ++h) {
+            const __m256i q = _mm256_loadu_si256((const __m256i*)(b + 32 + 32 * h));
+            for (int s = 0; s < 4; ++s) {
+                // 16-bit shifts: what crosses from the neighbour byte lands in bits 3-7 or is masked.
+                const int hb = 4 * h + s;
+                const __m256i hi = hb >= 2 ? _mm256_srli_epi16(hm, hb - 2) : _mm256_slli_epi16(hm, 2 - hb);
+                const __m256i c = _mm256_ternarylogic_epi32(_mm256_srli_epi16(q, 2 * s), hi, _mm256_set1_epi8(3), 0xE4);
+                const __m128i half[2] = {_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)};
+                for (int g = 0; g < 2; ++g) {
+                    const __m512 t = _mm512_mul_ps(tbl(kT.q3), bcast(p.dl[8 * h + 2 * s + g]));
+                    o(128 * h + 32 * s + 16 * g, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(half[g]), t));
+                }
             }
-        }
-}
-
-HM_ALWAYS_INLINE inline void k4_scales(const uint8_t* sc, float d, float dmin, float* dl, float* ml) {
-    uint32_t w[4];
-    k4_unpack(sc, w);
-    const __m128i v = _mm_setr_epi32(int(w[0]), int(w[1]), int(w[2]), int(w[3]));
-    scale8u(v, d, dl);
-    scale8u(_mm_unpackhi_epi64(v, v), dmin, ml);
-}
-
-HM_ALWAYS_INLINE inline void q4_k(const uint8_t* b, float* o) {
-    alignas(32) float dl[8], ml[8];
-    k4_scales(b + 4, f16(b), f16(b + 2), dl, ml);
-    const uint8_t* qs = b + 16;
-    for (int p = 0; p < 4; ++p)  // bytes 32p..32p+31: sub-block 2p (low nibbles), 2p+1 (high)
-        for (int g = 0; g < 2; ++g) {
-            const __m512i v = u8x16(qs + 32 * p + 16 * g);
-            const __m512 q0 = look(v, kT.ident), q1 = look(_mm512_srli_epi32(v, 4), kT.ident);
-            store(o + 64 * p + 16 * g, _mm512_fmsub_ps(bcast(dl[2 * p]), q0, bcast(ml[2 * p])));
-            store(o + 64 * p + 32 + 16 * g, _mm512_fmsub_ps(bcast(dl[2 * p + 1]), q1, bcast(ml[2 * p + 1])));
-        }
-}
-
-HM_ALWAYS_INLINE inline void q5_k(const uint8_t* b, float* o) {
-    alignas(32) float dl[8], ml[8];
-    k4_scales(b + 4, f16(b), f16(b + 2), dl, ml);
-    const uint8_t *qh = b + 16, *qs = b + 48;
-    for (int g = 0; g < 2; ++g) {
-        __m128i h = _mm_loadu_si128((const __m128i*)(qh + 16 * g));  // byte l, bit i: sub-block i
-        for (int p = 0; p < 4; ++p, h = _mm_srli_epi16(h, 2)) {
-            const __mmask16 k0 = _mm_test_epi8_mask(h, _mm_set1_epi8(1));
-            const __mmask16 k1 = _mm_test_epi8_mask(h, _mm_set1_epi8(2));
-            const __m512i v = u8x16(qs + 32 * p + 16 * g);
-            const __m512 q0 = look2(v, kT.ident, kT.plus16, k0);
-            const __m512 q1 = look2(_mm512_srli_epi32(v, 4), kT.ident, kT.plus16, k1);
-            store(o + 64 * p + 16 * g, _mm512_fmsub_ps(bcast(dl[2 * p]), q0, bcast(ml[2 * p])));
-            store(o + 64 * p + 32 + 16 * g, _mm512_fmsub_ps(bcast(dl[2 * p + 1]), q1, bcast(ml[2 * p + 1])));
         }
     }
+};
+
+// Q4_K / Q5_K: v[i] = d * sc_i, v[8 + i] = dmin * m_i (i < 8), as numpy's fp32 products.
+struct K4Pre {
+    alignas(64) float v[16];
+};
+// k4_unpack's word arithmetic on the block's first four 32-bit words [d|dmin, a, b, c] at once:
+// bytes s0-3 = a & 63, s4-7 = c & 15 | (a >> 6) << 4, m0-3 = b & 63, m4-7 = c >> 4 | (b >> 6) << 4.
+HM_ALWAYS_INLINE inline void k4_prep(const uint8_t* b, K4Pre& p) {
+    const __m128i x = _mm_loadu_si128((const __m128i*)b);
+    const __m128i acbc = _mm_srlv_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(3, 2, 3, 1)), _mm_setr_epi32(0, 0, 0, 4));
+    const __m128i lo = _mm_and_si128(acbc, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i aabb = _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 2, 1, 1));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(aabb, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    const __m128i sm = _mm_or_si128(lo, hi);
+    // d in lanes 0..7, dmin in 8..15: the two fp16 words spread, then converted.
+    const __m256i spread = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512 dd = _mm512_cvtph_ps(_mm256_permutexvar_epi16(spread, _mm256_castsi128_si256(x)));
+    _mm512_store_ps(p.v, _mm512_mul_ps(dd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm))));
+    pin<16>(p.v);
 }
 
+// The values dl * i - ml (i < 16, from t) of one sub-block as a vpermps table. dl * i is exact
+// (dl has at most 17 significant bits, i at most 5), so this rounds once, as numpy's dl * q - ml.
+HM_ALWAYS_INLINE inline __m512 ktable(const float* t, const float& dl, const float& ml) {
+    return _mm512_fmsub_ps(tbl(t), bcast(dl), bcast(ml));
+}
+
+template <>
+struct Block<kQ4_K> {
+    using Pre = K4Pre;
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) { k4_prep(b, p); }
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        const uint8_t* qs = b + 16;
+        for (int i = 0; i < 4; ++i) {  // bytes 32i..32i+31: sub-block 2i (low nibbles), 2i+1 (high)
+            const __m512 t0 = ktable(kT.ident, p.v[2 * i], p.v[8 + 2 * i]);
+            const __m512 t1 = ktable(kT.ident, p.v[2 * i + 1], p.v[9 + 2 * i]);
+            for (int g = 0; g < 2; ++g) {
+                const __m512i v = u8x16(qs + 32 * i + 16 * g);
+                o(64 * i + 16 * g, _mm512_permutexvar_ps(v, t0));
+                o(64 * i + 32 + 16 * g, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t1));
+            }
+        }
+    }
+};
+
+// The 5-bit codes of a sub-block pair are built as bytes, 32 per op (nibble | high bit moved to
+// bit 4; bits 5-7 keep leftovers that vpermt2ps ignores), widened 16 at a time and looked up in
+// the sub-block's two 16-entry tables dl * q - ml (q < 16, q >= 16) with one vpermt2ps.
+template <>
+struct Block<kQ5_K> {
+    using Pre = K4Pre;
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) { k4_prep(b, p); }
+    // Bit 2i (or 2i + 1) of each qh byte moved to bit 4.
+    HM_ALWAYS_INLINE static __m256i to_bit4(__m256i qh, int bit) {
+        return bit <= 4 ? _mm256_slli_epi16(qh, 4 - bit) : _mm256_srli_epi16(qh, bit - 4);
+    }
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 16));  // byte l, bit i: sub-block i
+        const __m256i m4 = _mm256_set1_epi8(15);
+        for (int i = 0; i < 4; ++i) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(b + 48 + 32 * i));
+            // (a & m4) | (h & ~m4): the nibble and the moved high bit.
+            const __m256i c[2] = {
+                _mm256_ternarylogic_epi32(v, to_bit4(qh, 2 * i), m4, 0xE4),
+                _mm256_ternarylogic_epi32(_mm256_srli_epi16(v, 4), to_bit4(qh, 2 * i + 1), m4, 0xE4),
+            };
+            for (int n = 0; n < 2; ++n) {  // sub-block 2i + n
+                const int j = 2 * i + n;
+                const __m512 t0 = ktable(kT.ident, p.v[j], p.v[8 + j]), t1 = ktable(kT.plus16, p.v[j], p.v[8 + j]);
+                const __m128i half[2] = {_mm256_castsi256_si128(c[n]), _mm256_extracti128_si256(c[n], 1)};
+                for (int g = 0; g < 2; ++g)
+                    o(64 * i + 32 * n + 16 * g, _mm512_permutex2var_ps(t0, _mm512_cvtepu8_epi32(half[g]), t1));
+            }
+        }
+    }
+};
+
 // 64 int8 values in element order -> floats, each 16 times its scale sc[0..3].
-HM_ALWAYS_INLINE inline void store_i8x64(__m512i q, const float* sc, float* o) {
+template <class S>
+HM_ALWAYS_INLINE inline void i8x64(__m512i q, const float* sc, S& o, int off) {
     const __m128i p[4] = {_mm512_castsi512_si128(q), _mm512_extracti32x4_epi32(q, 1),
                           _mm512_extracti32x4_epi32(q, 2), _mm512_extracti32x4_epi32(q, 3)};
     for (int c = 0; c < 4; ++c)
-        store(o + 16 * c, _mm512_mul_ps(bcast(sc[c]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(p[c]))));
+        o(off + 16 * c, _mm512_mul_ps(bcast(sc[c]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(p[c]))));
 }
 
 // Bytes, 64 codes per vector: per half h, the qh bytes sit in both 256-bit halves, the upper one
 // shifted by 2, so one vector serves elements 0..63 (bits 0-1 | 2-3) and one 64..127 (bits 4-5 |
 // 6-7). The 16-bit shifts move neighbour bits only into positions the masks drop.
-HM_ALWAYS_INLINE inline void q6_k(const uint8_t* b, float* o) {
-    alignas(64) float dl[16];
-    scale16s(_mm_loadu_si128((const __m128i*)(b + 192)), f16(b + 208), dl);
-    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
-    for (int h = 0; h < 2; ++h) {
-        const __m512i ql = _mm512_loadu_si512(b + 64 * h);
-        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h)));
-        qh = _mm512_mask_srli_epi16(qh, __mmask32(0xFFFF0000u), qh, 2);
-        const __m512i h0 = _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30), h1 = _mm512_and_si512(qh, m30);
-        const __m512i q0 = _mm512_or_si512(_mm512_and_si512(ql, m4), h0);
-        const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h1);
-        store_i8x64(_mm512_sub_epi8(q0, k32), dl + 8 * h, o + 128 * h);
-        store_i8x64(_mm512_sub_epi8(q1, k32), dl + 8 * h + 4, o + 128 * h + 64);
+template <>
+struct Block<kQ6_K> {
+    struct Pre {
+        alignas(64) float dl[16];
+    };
+    HM_ALWAYS_INLINE static void prep(const uint8_t* b, Pre& p) {
+        scale16s(_mm_loadu_si128((const __m128i*)(b + 192)), f16(b + 208), p.dl);
+    }
+    template <class S>
+    HM_ALWAYS_INLINE static void run(const uint8_t* b, const Pre& p, S& o) {
+        const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+        for (int h = 0; h < 2; ++h) {
+            const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h)));
+            qh = _mm512_mask_srli_epi16(qh, __mmask32(0xFFFF0000u), qh, 2);
+            const __m512i h0 = _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30), h1 = _mm512_and_si512(qh, m30);
+            const __m512i q0 = _mm512_or_si512(_mm512_and_si512(ql, m4), h0);
+            const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h1);
+            i8x64(_mm512_sub_epi8(q0, k32), p.dl + 8 * h, o, 128 * h);
+            i8x64(_mm512_sub_epi8(q1, k32), p.dl + 8 * h + 4, o, 128 * h + 64);
+        }
+    }
+};
+
+template <int F>
+void decode_rows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out) {
+    constexpr int E = ext_block_elems(F), B = ext_block_bytes(F);
+    for (int64_t r = 0; r < n_rows; ++r)
+        for (int64_t b = 0; b < K / E; ++b) {
+            const uint8_t* blk = w + r * row_bytes + b * B;
+            typename Block<F>::Pre p;
+            Block<F>::prep(blk, p);
+            StoreSink s{out + r * K + b * E};
+            Block<F>::run(blk, p, s);
+        }
+}
+
+constexpr int kPrefetchBytes = 2048;  // software prefetch distance along the weight stream (as kern_avx512)
+// Activations up to this size stay in L1 while a whole row passes; past it (several tokens at a
+// large K) a group of rows walks K in chunks of kChunkFloats activations (all tokens together).
+constexpr int64_t kWholeBytes = 32 << 10, kChunkFloats = 4096;
+constexpr int kGroupRows = 16;
+
+// Block b of a row into the sink's accumulators, prefetching pf bytes ahead.
+template <int F, int NT, int A>
+HM_ALWAYS_INLINE inline void gemv_block(const uint8_t* row, int64_t b, int64_t pf, const typename Block<F>::Pre& p,
+                                        const float* const* xs, FmaSink<NT, A>& s) {
+    constexpr int E = ext_block_elems(F), B = ext_block_bytes(F);
+    const uint8_t* blk = row + b * B;
+    for (int j = 0; j < B; j += 64) _mm_prefetch((const char*)blk + pf + j, _MM_HINT_T0);
+    for (int t = 0; t < NT; ++t) s.x[t] = xs[t] + b * E;
+    Block<F>::run(blk, p, s);
+}
+
+// Blocks [b0, b1) of a row, two per step, each block's prep issued a block ahead.
+template <int F, int NT, int A>
+HM_ALWAYS_INLINE inline void gemv_span(const uint8_t* row, int64_t b0, int64_t b1, int64_t pf,
+                                       const float* const* xs, FmaSink<NT, A>& s) {
+    using Blk = Block<F>;
+    constexpr int B = ext_block_bytes(F);
+    if (b0 >= b1) return;  // K = 0: not even block b0 is there to prep
+    typename Blk::Pre p0, p1;
+    Blk::prep(row + b0 * B, p0);
+    int64_t b = b0;
+    for (; b + 2 <= b1; b += 2) {
+        Blk::prep(row + (b + 1) * B, p1);
+        gemv_block<F>(row, b, pf, p0, xs, s);
+        if (b + 2 < b1) Blk::prep(row + (b + 2) * B, p0);
+        gemv_block<F>(row, b + 1, pf, p1, xs, s);
+    }
+    if (b < b1) gemv_block<F>(row, b, pf, p0, xs, s);
+}
+
+template <int NT, int A>
+HM_ALWAYS_INLINE inline float sum_acc(const FmaSink<NT, A>& s, int t) {
+    __m512 sum = s.acc[0][t];
+    for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, s.acc[a][t]);
+    return _mm512_reduce_add_ps(sum);
+}
+
+template <int F, int NT, int A>
+void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs, float* out,
+               int64_t ldo) {
+    constexpr int E = ext_block_elems(F);
+    // Two blocks make whole turns of the accumulator sets: each step starts on the same set, so
+    // the loop's back edge needs no register shuffle.
+    static_assert((2 * E / 16) % A == 0, "accumulator sets per step");
+    const int64_t nb = K / E;
+    if (NT * K * int64_t(sizeof(float)) <= kWholeBytes) {
+        // Rows straight through; they are contiguous, so the prefetches run on into the next rows.
+        for (int64_t r = 0; r < n_rows; ++r) {
+            FmaSink<NT, A> s;
+            for (int a = 0; a < A; ++a)
+                for (int t = 0; t < NT; ++t) s.acc[a][t] = _mm512_setzero_ps();
+            gemv_span<F>(w + r * row_bytes, 0, nb, kPrefetchBytes, xs, s);
+            for (int t = 0; t < NT; ++t) out[t * ldo + r] = sum_acc(s, t);
+        }
+        return;
+    }
+    // K chunks (an even block count) with the accumulators parked per row between them; each
+    // block prefetches the same block of the next row, the one read next.
+    const int64_t cb = std::max<int64_t>(2, kChunkFloats / (NT * E) / 2 * 2);
+    alignas(64) float keep[kGroupRows][A * NT][16];
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kGroupRows) {
+        const int64_t nr = std::min<int64_t>(kGroupRows, n_rows - r0);
+        for (int64_t c0 = 0; c0 < nb; c0 += cb) {
+            const int64_t c1 = std::min(nb, c0 + cb);
+            for (int64_t i = 0; i < nr; ++i) {
+                FmaSink<NT, A> s;
+                for (int a = 0; a < A; ++a)
+                    for (int t = 0; t < NT; ++t)
+                        s.acc[a][t] = c0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(keep[i][a * NT + t]);
+                gemv_span<F>(w + (r0 + i) * row_bytes, c0, c1, row_bytes, xs, s);
+                if (c1 < nb) {
+                    for (int a = 0; a < A; ++a)
+                        for (int t = 0; t < NT; ++t) _mm512_store_ps(keep[i][a * NT + t], s.acc[a][t]);
+                } else {
+                    for (int t = 0; t < NT; ++t) out[t * ldo + r0 + i] = sum_acc(s, t);
+                }
+            }
+        }
     }
 }
 
-template <void (*Block)(const uint8_t*, float*)>
-void rows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, int elems, int bytes, float* out) {
-    for (int64_t r = 0; r < n_rows; ++r)
-        for (int64_t b = 0; b < K / elems; ++b) Block(w + r * row_bytes + b * bytes, out + r * K + b * elems);
-}
-
-// R rows x NT tokens, as the AVX2 dot_tile with 16 lanes (K % 32 == 0, so U = 2 steps evenly).
-template <int R, int NT, int U>
-void dot_tile(const float* W, int64_t K, const float* const* xs, float* out, int64_t ldo) {
-    __m512 acc[U][R][NT];
-    for (int u = 0; u < U; ++u)
-        for (int r = 0; r < R; ++r)
-            for (int t = 0; t < NT; ++t) acc[u][r][t] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16 * U)
-        for (int u = 0; u < U; ++u) {
-            __m512 w[R];
-            for (int r = 0; r < R; ++r) w[r] = _mm512_loadu_ps(W + r * K + k + 16 * u);
-            for (int t = 0; t < NT; ++t) {
-                const __m512 x = _mm512_loadu_ps(xs[t] + k + 16 * u);
-                for (int r = 0; r < R; ++r) acc[u][r][t] = _mm512_fmadd_ps(w[r], x, acc[u][r][t]);
-            }
-        }
-    for (int r = 0; r < R; ++r)
-        for (int t = 0; t < NT; ++t) {
-            __m512 s = acc[0][r][t];
-            for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, acc[u][r][t]);
-            out[t * ldo + r] = _mm512_reduce_add_ps(s);
-        }
-}
-
-// R = 4, the row count per decoded tile of the GEMV: R * U * NT accumulators plus R row vectors
-// about fill the 32 zmm registers at nt = 7, 8, and still measured faster than R = 2 there.
-template <int NT, int R, int U>
-void dot_nt(const float* W, int64_t n_rows, int64_t K, const float* const* xs, float* out, int64_t ldo) {
-    int64_t r = 0;
-    for (; r + R <= n_rows; r += R) dot_tile<R, NT, U>(W + r * K, K, xs, out + r, ldo);
-    for (; r < n_rows; ++r) dot_tile<1, NT, U>(W + r * K, K, xs, out + r, ldo);
+template <int F>
+void gemv_fmt(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs, int nt,
+              float* out, int64_t ldo) {
+    switch (nt) {
+        case 1: return gemv_rows<F, 1, 4>(w, row_bytes, n_rows, K, xs, out, ldo);
+        case 2: return gemv_rows<F, 2, 2>(w, row_bytes, n_rows, K, xs, out, ldo);
+        case 3: return gemv_rows<F, 3, 2>(w, row_bytes, n_rows, K, xs, out, ldo);
+        case 4: return gemv_rows<F, 4, 1>(w, row_bytes, n_rows, K, xs, out, ldo);
+        case 5: return gemv_rows<F, 5, 1>(w, row_bytes, n_rows, K, xs, out, ldo);
+        case 6: return gemv_rows<F, 6, 1>(w, row_bytes, n_rows, K, xs, out, ldo);
+        case 7: return gemv_rows<F, 7, 1>(w, row_bytes, n_rows, K, xs, out, ldo);
+        case 8: return gemv_rows<F, 8, 1>(w, row_bytes, n_rows, K, xs, out, ldo);
+        default: return;
+    }
 }
 
 }  // namespace
 
 namespace avx512 {
 
-void decode_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out) {
-    const int E = ext_block_elems(fmt), B = ext_block_bytes(fmt);
-    switch (fmt) {
-        case kQ4_0: return rows<q4_0>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ4_1: return rows<q4_1>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ5_0: return rows<q5_0>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ5_1: return rows<q5_1>(w, row_bytes, n_rows, K, E, B, out);
-        case kIQ4_NL: return rows<iq4_nl>(w, row_bytes, n_rows, K, E, B, out);
-        case kIQ4_XS: return rows<iq4_xs>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ2_K: return rows<q2_k>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ3_K: return rows<q3_k>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ4_K: return rows<q4_k>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ5_K: return rows<q5_k>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ6_K: return rows<q6_k>(w, row_bytes, n_rows, K, E, B, out);
-        default: return;
+#define HM_EXT_SWITCH(fn, ...)                                   \
+    switch (fmt) {                                               \
+        case kQ4_0: return fn<kQ4_0>(__VA_ARGS__);               \
+        case kQ4_1: return fn<kQ4_1>(__VA_ARGS__);               \
+        case kQ5_0: return fn<kQ5_0>(__VA_ARGS__);               \
+        case kQ5_1: return fn<kQ5_1>(__VA_ARGS__);               \
+        case kIQ4_NL: return fn<kIQ4_NL>(__VA_ARGS__);           \
+        case kIQ4_XS: return fn<kIQ4_XS>(__VA_ARGS__);           \
+        case kQ2_K: return fn<kQ2_K>(__VA_ARGS__);               \
+        case kQ3_K: return fn<kQ3_K>(__VA_ARGS__);               \
+        case kQ4_K: return fn<kQ4_K>(__VA_ARGS__);               \
+        case kQ5_K: return fn<kQ5_K>(__VA_ARGS__);               \
+        case kQ6_K: return fn<kQ6_K>(__VA_ARGS__);               \
+        default: return;                                         \
     }
+
+void decode_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out) {
+    HM_EXT_SWITCH(decode_rows, w, row_bytes, n_rows, K, out)
 }
 
-void dot_rows(const float* W, int64_t n_rows, int64_t K, const float* const* xs, int nt, float* out, int64_t ldo) {
-    switch (nt) {
-        case 1: return dot_nt<1, 4, 2>(W, n_rows, K, xs, out, ldo);
-        case 2: return dot_nt<2, 4, 1>(W, n_rows, K, xs, out, ldo);
-        case 3: return dot_nt<3, 4, 1>(W, n_rows, K, xs, out, ldo);
-        case 4: return dot_nt<4, 4, 1>(W, n_rows, K, xs, out, ldo);
-        case 5: return dot_nt<5, 4, 1>(W, n_rows, K, xs, out, ldo);
-        case 6: return dot_nt<6, 4, 1>(W, n_rows, K, xs, out, ldo);
-        case 7: return dot_nt<7, 4, 1>(W, n_rows, K, xs, out, ldo);
-        case 8: return dot_nt<8, 4, 1>(W, n_rows, K, xs, out, ldo);
-        default: return;
-    }
+void gemv_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs, int nt,
+              float* out, int64_t ldo) {
+    HM_EXT_SWITCH(gemv_fmt, w, row_bytes, n_rows, K, xs, nt, out, ldo)
 }
+
+#undef HM_EXT_SWITCH
 
 }  // namespace avx512
 }  // namespace hm

@@ -1,5 +1,5 @@
 // ggml's other block types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K..Q6_K): decoders to
-// float32 and the float32 row dot that the generic GEMV runs on decoded rows. Layouts and value
+// float32 and the fused GEMV (the same decoders feeding FMAs). Layouts and value
 // formulas: the comment at the top of ext_scalar.cpp. Every decoder is bit-exact with the gguf
 // package's numpy dequantize (gguf/quants.py, which follows ggml's dequantize_row_*): each value
 // takes at most one float rounding there (the products before it are exact), so FMA contraction
@@ -16,9 +16,19 @@ enum ExtFormat : int {
     kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23,
 };
 
-bool ext_format(int fmt);      // one of ExtFormat
-int ext_block_elems(int fmt);  // 32 or 256
-int ext_block_bytes(int fmt);
+// Constant expressions, so each per-format kernel knows its block shape at compile time.
+constexpr int ext_block_bytes(int fmt) {
+    switch (fmt) {
+        case kQ4_0: return 18; case kQ4_1: return 20; case kQ5_0: return 22; case kQ5_1: return 24;
+        case kIQ4_NL: return 18; case kQ2_K: return 84; case kQ3_K: return 110; case kQ4_K: return 144;
+        case kQ5_K: return 176; case kQ6_K: return 210; case kIQ4_XS: return 136;
+        default: return 0;
+    }
+}
+constexpr bool ext_format(int fmt) { return ext_block_bytes(fmt) != 0; }  // one of ExtFormat
+constexpr int ext_block_elems(int fmt) {  // 32 or 256
+    return fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ5_0 || fmt == kQ5_1 || fmt == kIQ4_NL ? 32 : 256;
+}
 
 // IQ4_NL / IQ4_XS code values.
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -71,20 +81,24 @@ inline int q3k_scale(const uint8_t* sc, int j) {
 }
 
 // decode_ext: out[r*K + k] = W[r][k] for r < n_rows, k < K (K a multiple of the block), rows
-// row_bytes apart. dot_rows: out[t*ldo + r] = dot(W[r*K .. r*K+K), xs[t]) for r < n_rows,
-// t < nt (<= kMaxGemvTokens), K a multiple of 32; fp32, summation order the ISA's. Any alignment
-// works; a 64-byte aligned decode tile and x are ~15% faster per GEMV (split-line zmm accesses).
+// row_bytes apart. gemv_ext: out[t*ldo + r] = dot(W[r], xs[t]) for r < n_rows, t < nt
+// (1..kMaxGemvTokens), same K; each weight decoded to decode_ext's value and multiplied into fp32
+// sums (summation order the ISA's). The SIMD sets FMA the decoded vectors straight from registers;
+// the scalar reference decodes one block to the stack.
 namespace scalar {
 void decode_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out);
-void dot_rows(const float* W, int64_t n_rows, int64_t K, const float* const* xs, int nt, float* out, int64_t ldo);
+void gemv_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs, int nt,
+              float* out, int64_t ldo);
 }  // namespace scalar
 namespace avx2 {
 void decode_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out);
-void dot_rows(const float* W, int64_t n_rows, int64_t K, const float* const* xs, int nt, float* out, int64_t ldo);
+void gemv_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs, int nt,
+              float* out, int64_t ldo);
 }  // namespace avx2
 namespace avx512 {
 void decode_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out);
-void dot_rows(const float* W, int64_t n_rows, int64_t K, const float* const* xs, int nt, float* out, int64_t ldo);
+void gemv_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs, int nt,
+              float* out, int64_t ldo);
 }  // namespace avx512
 
 }  // namespace hm

@@ -1,5 +1,5 @@
-// Scalar reference decoders of ggml's other block types, the float32 row dot, and the exported
-// per-ISA test entry points (hm_ext_decode, hm_ext_dot_rows, hm_ext_gemv).
+// Scalar reference decoders of ggml's other block types, the reference GEMV (decode a block, dot
+// it), and the exported per-ISA test entry points (hm_ext_decode, hm_ext_gemv).
 //
 // Layouts (little-endian; d, dmin, m: fp16; "nib" = 4-bit field; value order = numpy's in
 // gguf/quants.py, each value one float rounding after exact products):
@@ -23,27 +23,11 @@
 //   Q6_K  210 B: ql[128], qh[64], sc[16] int8, d; e = 128h+r (r<128): lo = (ql[64h+r%64]>>4(r/64))&15,
 //          hi = (qh[32h+r%32]>>2(r/32))&3, q = (lo|hi<<4)-32; v = (d*sc[e/16])*q
 #include <cstring>
-#include <vector>
 
 #include "common.h"
 #include "ext_formats.h"
 
 namespace hm {
-
-bool ext_format(int fmt) { return ext_block_bytes(fmt) != 0; }
-
-int ext_block_elems(int fmt) {
-    return fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ5_0 || fmt == kQ5_1 || fmt == kIQ4_NL ? 32 : 256;
-}
-
-int ext_block_bytes(int fmt) {
-    switch (fmt) {
-        case kQ4_0: return 18; case kQ4_1: return 20; case kQ5_0: return 22; case kQ5_1: return 24;
-        case kIQ4_NL: return 18; case kQ2_K: return 84; case kQ3_K: return 110; case kQ4_K: return 144;
-        case kQ5_K: return 176; case kQ6_K: return 210; case kIQ4_XS: return 136;
-        default: return 0;
-    }
-}
 
 namespace scalar {
 namespace {
@@ -152,70 +136,86 @@ void rows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, int el
         for (int64_t b = 0; b < K / elems; ++b) Block(w + r * row_bytes + b * bytes, out + r * K + b * elems);
 }
 
-}  // namespace
-
-void decode_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out) {
-    const int E = ext_block_elems(fmt), B = ext_block_bytes(fmt);
-    switch (fmt) {
-        case kQ4_0: return rows<q4_0>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ4_1: return rows<q4_1>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ5_0: return rows<q5_0>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ5_1: return rows<q5_1>(w, row_bytes, n_rows, K, E, B, out);
-        case kIQ4_NL: return rows<iq4_nl>(w, row_bytes, n_rows, K, E, B, out);
-        case kIQ4_XS: return rows<iq4_xs>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ2_K: return rows<q2_k>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ3_K: return rows<q3_k>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ4_K: return rows<q4_k>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ5_K: return rows<q5_k>(w, row_bytes, n_rows, K, E, B, out);
-        case kQ6_K: return rows<q6_k>(w, row_bytes, n_rows, K, E, B, out);
-        default: return;
+// Each block decoded to a stack buffer and dotted with every token; eight partial sums per token
+// (as a SIMD lane set would keep): shorter error chains than one running sum.
+template <void (*Block)(const uint8_t*, float*)>
+void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, int elems, int bytes,
+               const float* const* xs, int nt, float* out, int64_t ldo) {
+    float buf[256];
+    for (int64_t r = 0; r < n_rows; ++r) {
+        float acc[kMaxGemvTokens][8] = {};
+        for (int64_t b = 0; b < K / elems; ++b) {
+            Block(w + r * row_bytes + b * bytes, buf);
+            for (int t = 0; t < nt; ++t)
+                for (int e = 0; e < elems; ++e) acc[t][e % 8] += buf[e] * xs[t][b * elems + e];
+        }
+        for (int t = 0; t < nt; ++t) {
+            float s = 0.f;
+            for (float a : acc[t]) s += a;
+            out[t * ldo + r] = s;
+        }
     }
 }
 
-// Eight partial sums (as a SIMD lane set would keep): shorter error chains than one running sum.
-void dot_rows(const float* W, int64_t n_rows, int64_t K, const float* const* xs, int nt, float* out, int64_t ldo) {
-    for (int64_t r = 0; r < n_rows; ++r)
-        for (int t = 0; t < nt; ++t) {
-            float acc[8] = {};
-            for (int64_t k = 0; k < K; ++k) acc[k % 8] += W[r * K + k] * xs[t][k];
-            float s = 0.f;
-            for (float a : acc) s += a;
-            out[t * ldo + r] = s;
-        }
+}  // namespace
+
+#define HM_EXT_SWITCH(fn, ...)                                             \
+    switch (fmt) {                                                         \
+        case kQ4_0: return fn<q4_0>(__VA_ARGS__);                          \
+        case kQ4_1: return fn<q4_1>(__VA_ARGS__);                          \
+        case kQ5_0: return fn<q5_0>(__VA_ARGS__);                          \
+        case kQ5_1: return fn<q5_1>(__VA_ARGS__);                          \
+        case kIQ4_NL: return fn<iq4_nl>(__VA_ARGS__);                      \
+        case kIQ4_XS: return fn<iq4_xs>(__VA_ARGS__);                      \
+        case kQ2_K: return fn<q2_k>(__VA_ARGS__);                          \
+        case kQ3_K: return fn<q3_k>(__VA_ARGS__);                          \
+        case kQ4_K: return fn<q4_k>(__VA_ARGS__);                          \
+        case kQ5_K: return fn<q5_k>(__VA_ARGS__);                          \
+        case kQ6_K: return fn<q6_k>(__VA_ARGS__);                          \
+        default: return;                                                   \
+    }
+
+void decode_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out) {
+    const int E = ext_block_elems(fmt), B = ext_block_bytes(fmt);
+    HM_EXT_SWITCH(rows, w, row_bytes, n_rows, K, E, B, out)
 }
+
+void gemv_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs, int nt,
+              float* out, int64_t ldo) {
+    const int E = ext_block_elems(fmt), B = ext_block_bytes(fmt);
+    HM_EXT_SWITCH(gemv_rows, w, row_bytes, n_rows, K, E, B, xs, nt, out, ldo)
+}
+
+#undef HM_EXT_SWITCH
 
 }  // namespace scalar
 
 }  // namespace hm
 
-// Test entry points: each ISA's decoder and row dot, reached directly (the kernel table picks one).
+// Test entry points: each ISA's decoder and GEMV, reached directly (the kernel table picks one).
 // isa: 0 scalar, 1 AVX2, 2 AVX-512. Return 0, -1 for bad arguments, -3 for an ISA this CPU lacks.
 extern "C" int hm_isa_supported(const char* name);  // api.cpp
 
 namespace {
 
 using DecodeFn = void (*)(int, const uint8_t*, int64_t, int64_t, int64_t, float*);
-using DotFn = void (*)(const float*, int64_t, int64_t, const float* const*, int, float*, int64_t);
+using GemvFn = void (*)(int, const uint8_t*, int64_t, int64_t, int64_t, const float* const*, int, float*, int64_t);
 
-bool ext_isa(int isa, DecodeFn* dec, DotFn* dot) {
+bool ext_isa(int isa, DecodeFn* dec, GemvFn* gemv) {
     static const char* const names[3] = {"scalar", "avx2", "avx512"};
     static const DecodeFn decs[3] = {hm::scalar::decode_ext, hm::avx2::decode_ext, hm::avx512::decode_ext};
-    static const DotFn dots[3] = {hm::scalar::dot_rows, hm::avx2::dot_rows, hm::avx512::dot_rows};
+    static const GemvFn gemvs[3] = {hm::scalar::gemv_ext, hm::avx2::gemv_ext, hm::avx512::gemv_ext};
     // Asked once: cpuid is slow (a VM exit under virtualisation) and this runs per call.
     static const bool ok[3] = {true, hm_isa_supported(names[1]) != 0, hm_isa_supported(names[2]) != 0};
     if (isa < 0 || isa > 2 || !ok[isa]) return false;
     *dec = decs[isa];
-    *dot = dots[isa];
+    *gemv = gemvs[isa];
     return true;
 }
 
 bool decode_args_ok(int fmt, int64_t row_bytes, int64_t n_rows, int64_t K) {
     return hm::ext_format(fmt) && n_rows >= 0 && K >= 0 && K % hm::ext_block_elems(fmt) == 0 &&
            row_bytes >= K / hm::ext_block_elems(fmt) * hm::ext_block_bytes(fmt);
-}
-
-bool dot_args_ok(int64_t n_rows, int64_t K, int nt, int64_t ldo) {
-    return n_rows >= 0 && K >= 0 && K % 32 == 0 && nt >= 1 && nt <= hm::kMaxGemvTokens && ldo >= n_rows;
 }
 
 }  // namespace
@@ -225,40 +225,20 @@ bool dot_args_ok(int64_t n_rows, int64_t K, int nt, int64_t ldo) {
 HM_EXT_API int hm_ext_decode(int isa, int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
                              float* out) {
     DecodeFn dec;
-    DotFn dot;
-    if (!ext_isa(isa, &dec, &dot)) return -3;
+    GemvFn gemv;
+    if (!ext_isa(isa, &dec, &gemv)) return -3;
     if (!decode_args_ok(fmt, row_bytes, n_rows, K)) return -1;
     dec(fmt, w, row_bytes, n_rows, K, out);
     return 0;
 }
 
-HM_EXT_API int hm_ext_dot_rows(int isa, const float* W, int64_t n_rows, int64_t K, const float* const* xs, int nt,
-                               float* out, int64_t ldo) {
-    DecodeFn dec;
-    DotFn dot;
-    if (!ext_isa(isa, &dec, &dot)) return -3;
-    if (!dot_args_ok(n_rows, K, nt, ldo)) return -1;
-    dot(W, n_rows, K, xs, nt, out, ldo);
-    return 0;
-}
-
-// decode_ext + dot_rows the way a GEMV runs them: a few rows at a time through a tile that stays
-// in cache (for timing and an end-to-end check; one thread).
+// The ISA's fused GEMV (one thread).
 HM_EXT_API int hm_ext_gemv(int isa, int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
                            const float* const* xs, int nt, float* out, int64_t ldo) {
     DecodeFn dec;
-    DotFn dot;
-    if (!ext_isa(isa, &dec, &dot)) return -3;
-    if (!decode_args_ok(fmt, row_bytes, n_rows, K) || !dot_args_ok(n_rows, K, nt, ldo)) return -1;
-    // 4 rows: dot_rows' row group for one token. 64-byte aligned: zmm stores and loads that
-    // straddle cache lines cost ~15% of the whole GEMV (measured).
-    constexpr int64_t kTileRows = 4;
-    std::vector<float> buf(size_t(kTileRows * K + 16));
-    float* tile = buf.data() + (16 - (reinterpret_cast<uintptr_t>(buf.data()) / sizeof(float)) % 16) % 16;
-    for (int64_t r = 0; r < n_rows; r += kTileRows) {
-        const int64_t n = n_rows - r < kTileRows ? n_rows - r : kTileRows;
-        dec(fmt, w + r * row_bytes, row_bytes, n, K, tile);
-        dot(tile, n, K, xs, nt, out + r, ldo);
-    }
+    GemvFn gemv;
+    if (!ext_isa(isa, &dec, &gemv)) return -3;
+    if (!decode_args_ok(fmt, row_bytes, n_rows, K) || nt < 1 || nt > hm::kMaxGemvTokens || ldo < n_rows) return -1;
+    gemv(fmt, w, row_bytes, n_rows, K, xs, nt, out, ldo);
     return 0;
 }

@@ -1,9 +1,10 @@
-"""The ext-format decoders (Q4_0 .. Q6_K, IQ4_NL, IQ4_XS) and the fp32 row dot of every ISA,
+"""The ext-format decoders (Q4_0 .. Q6_K, IQ4_NL, IQ4_XS) and the fused GEMV of every ISA,
 reached directly through the library's hm_ext_* test entry points.
 
 Decoding must equal the gguf package's numpy dequantize bit for bit (NaN positions included);
-the row dot must be within 1e-6 of float64 numpy, relative to sum |w x| (the scale that bounds
-any fp32 summation order's error; relative to |dot| alone, cancellation makes any fp32 order fail).
+the GEMV must be within 1e-6 of the float64 product of numpy's decoded weights, relative to
+sum |w x| (the scale that bounds any fp32 summation order's error; relative to |dot| alone,
+cancellation makes any fp32 order fail).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 if _LIB is not None:
     for _name, _args in {
         "hm_ext_decode": [_I32, _I32, _P, _I64, _I64, _I64, _P],
-        "hm_ext_dot_rows": [_I32, _P, _I64, _I64, _P, _I32, _P, _I64],
         "hm_ext_gemv": [_I32, _I32, _P, _I64, _I64, _I64, _P, _I32, _P, _I64],
         "hm_isa_supported": [ctypes.c_char_p],
     }.items():
@@ -137,42 +137,82 @@ def test_decode_nan_inf_scales_propagate(isa, name):
     assert_same_bits(decode(isa, name, raw, 2 * k), want)
 
 
-@pytest.mark.parametrize("nt", range(1, 9))
-@pytest.mark.parametrize("isa", _isa_params())
-def test_dot_rows(isa, nt):
-    rng = np.random.default_rng(nt)
-    for rows, k in [(7, 2880), (9, 4096), (5, 32), (1, 64)]:
-        w = rng.standard_normal((rows, k), dtype=np.float32)
-        x = rng.standard_normal((nt, k), dtype=np.float32)
-        ldo = rows + 3
-        out = np.full((nt, ldo), -7.0, dtype=np.float32)
-        ptrs = (ctypes.c_void_p * nt)(*[x[t].ctypes.data for t in range(nt)])
-        assert _LIB.hm_ext_dot_rows(ISAS[isa], w.ctypes.data, rows, k, ptrs, nt, out.ctypes.data, ldo) == 0
-        want = x.astype(np.float64) @ w.astype(np.float64).T
-        scale = np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T
-        assert np.isfinite(out).all()
-        assert (np.abs(out[:, :rows] - want) <= 1e-6 * scale).all()
-        assert (out[:, rows:] == -7.0).all()  # nothing written past n_rows
-
-
-@pytest.mark.parametrize("name", ["Q5_0", "IQ4_NL", "Q4_K", "Q6_K"])
-@pytest.mark.parametrize("nt", [1, 3])
-@pytest.mark.parametrize("isa", _isa_params())
-def test_gemv_decode_then_dot(isa, name, nt):
-    """hm_ext_gemv (decode a few rows into a tile, dot them) against the float64 product of
-    numpy's decoded rows; 9 rows leave a partial last tile."""
-    rng = np.random.default_rng(11)
-    k, rows = _ks(name)[0], 9
-    raw = random_rows(rng, name, rows, k)
-    w = reference(raw, name, k).astype(np.float64)
-    x = rng.standard_normal((nt, k), dtype=np.float32)
-    out = np.zeros((nt, rows), dtype=np.float32)
+def gemv(isa: str, name: str, raw: np.ndarray, rows: int, k: int, x: np.ndarray, ldo: int) -> np.ndarray:
+    """hm_ext_gemv over the first rows rows of raw; out is [nt, ldo] with guard values past rows."""
+    nt = x.shape[0]
+    out = np.full((nt, ldo), -7.0, dtype=np.float32)
     ptrs = (ctypes.c_void_p * nt)(*[x[t].ctypes.data for t in range(nt)])
     rc = _LIB.hm_ext_gemv(ISAS[isa], int(_qtype(name)), raw.ctypes.data, raw.shape[1], rows, k, ptrs, nt,
-                          out.ctypes.data, rows)
+                          out.ctypes.data, ldo)
     assert rc == 0
-    want, scale = x @ w.T, np.abs(x) @ np.abs(w).T
-    assert (np.abs(out - want) <= 1e-6 * scale).all()
+    assert (out[:, rows:] == -7.0).all()  # nothing written past n_rows
+    return out[:, :rows]
+
+
+def assert_close_to_product(got: np.ndarray, w: np.ndarray, x: np.ndarray) -> None:
+    w64, x64 = w.astype(np.float64), x.astype(np.float64)
+    want, scale = x64 @ w64.T, np.abs(x64) @ np.abs(w64).T
+    assert np.isfinite(got).all()
+    err = np.abs(got - want)
+    assert (err <= 1e-6 * scale).all(), f"worst relative error {(err / scale).max():.3g}"
+
+
+@pytest.mark.parametrize("name", list(F16_FIELDS))
+@pytest.mark.parametrize("isa", _isa_params())
+def test_gemv(isa, name):
+    """Every token count 1..8 on an odd row count, against float64 products of numpy's weights."""
+    rng = np.random.default_rng(sum(map(ord, name + isa)) + 1)
+    k, rows = _ks(name)[0], 7
+    raw = random_rows(rng, name, rows, k)
+    w = reference(raw, name, k)
+    for nt in range(1, 9):
+        x = rng.standard_normal((nt, k), dtype=np.float32)
+        assert_close_to_product(gemv(isa, name, raw, rows, k, x, rows + 3), w, x)
+
+
+@pytest.mark.parametrize("name", list(F16_FIELDS))
+@pytest.mark.parametrize("isa", _isa_params())
+def test_gemv_shapes(isa, name):
+    """One block per row, an odd block count, rows further apart than their blocks, one row, and
+    (5 tokens at a large K: the K-chunked pass) more rows than one row group."""
+    rng = np.random.default_rng(5)
+    block = gguf.GGML_QUANT_SIZES[_qtype(name)][0]
+    shapes = [(block, 5, 0), (3 * block, 3, 13), (_ks(name)[-1], 1, 0), (5 * block, 9, 1), (_ks(name)[0], 19, 7)]
+    for k, rows, pad in shapes:
+        raw = random_rows(rng, name, rows, k, pad=pad)
+        w = reference(raw, name, k)
+        for nt in (1, 2, 5):
+            x = rng.standard_normal((nt, k), dtype=np.float32)
+            assert_close_to_product(gemv(isa, name, raw, rows, k, x, rows), w, x)
+
+
+@pytest.mark.parametrize("name", list(F16_FIELDS))
+@pytest.mark.parametrize("isa", _isa_params())
+def test_gemv_nan_only_from_weights(isa, name):
+    """A row whose weights hold a NaN (a NaN block scale) gives NaN; every other row stays finite."""
+    rng = np.random.default_rng(9)
+    k, rows = _ks(name)[-1], 5
+    block, size = gguf.GGML_QUANT_SIZES[_qtype(name)]
+    raw = random_rows(rng, name, rows, k)
+    off = F16_FIELDS[name][0]
+    at = (k // block - 1) * size + off  # row 2, last block: a NaN scale
+    raw[2, at:at + 2] = np.array([0x7E00], "<u2").view(np.uint8)
+    w = reference(raw, name, k)
+    assert np.isnan(w[2]).any() and np.isfinite(np.delete(w, 2, axis=0)).all()
+    for nt in (1, 3, 8):
+        x = rng.standard_normal((nt, k), dtype=np.float32)
+        out = gemv(isa, name, raw, rows, k, x, rows)
+        assert np.isnan(out[:, 2]).all()
+        keep = [r for r in range(rows) if r != 2]
+        assert_close_to_product(out[:, keep], w[keep], x)
+
+
+@pytest.mark.parametrize("isa", _isa_params())
+def test_gemv_empty_rows_give_zero(isa):
+    """K = 0: every dot is an empty sum, 0."""
+    x = np.zeros((2, 1), dtype=np.float32)
+    for name in ("Q4_0", "Q4_K"):
+        assert (gemv(isa, name, np.zeros((3, 0), dtype=np.uint8), 3, 0, x, 3) == 0).all()
 
 
 def test_bad_arguments():
@@ -184,6 +224,9 @@ def test_bad_arguments():
     assert _LIB.hm_ext_decode(0, 12, buf.ctypes.data, 144, 1, 128, out.ctypes.data) == -1  # K not a block multiple
     assert _LIB.hm_ext_decode(0, 2, buf.ctypes.data, 17, 1, 32, out.ctypes.data) == -1  # row shorter than its block
     assert _LIB.hm_ext_decode(5, 2, buf.ctypes.data, 18, 1, 32, out.ctypes.data) == -3  # no such ISA
-    assert _LIB.hm_ext_dot_rows(0, out.ctypes.data, 1, 48, ptrs, 1, out.ctypes.data, 1) == -1  # K % 32
-    assert _LIB.hm_ext_dot_rows(0, out.ctypes.data, 1, 64, ptrs, 9, out.ctypes.data, 1) == -1  # nt > 8
-    assert _LIB.hm_ext_dot_rows(0, out.ctypes.data, 2, 64, ptrs, 1, out.ctypes.data, 1) == -1  # ldo < n_rows
+    gemv = _LIB.hm_ext_gemv
+    assert gemv(0, 2, buf.ctypes.data, 18, 1, 48, ptrs, 1, out.ctypes.data, 1) == -1  # K not a block multiple
+    assert gemv(0, 2, buf.ctypes.data, 18, 1, 32, ptrs, 0, out.ctypes.data, 1) == -1  # nt < 1
+    assert gemv(0, 2, buf.ctypes.data, 18, 1, 32, ptrs, 9, out.ctypes.data, 1) == -1  # nt > 8
+    assert gemv(0, 2, buf.ctypes.data, 18, 2, 32, ptrs, 1, out.ctypes.data, 1) == -1  # ldo < n_rows
+    assert gemv(5, 2, buf.ctypes.data, 18, 1, 32, ptrs, 1, out.ctypes.data, 1) == -3  # no such ISA
