@@ -181,8 +181,9 @@ def test_named_tool_choice_forces_a_call(client):
 
 
 @pytest.mark.parametrize("body,param,words", [
-    ({"tools": [{"type": "web_search"}]}, "tools", "'web_search'"),
-    ({"tools": TOOLS + [{"type": "file_search", "vector_store_ids": []}]}, "tools", "tools[1] has type 'file_search'"),
+    ({"tools": [{"type": "function"}]}, "tools", "tools[0]"),
+    ({"tools": TOOLS + [{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": ""}]}]}, "tools",
+     "tools[1].tools[0]"),
     ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input", "'input_image'"),
     ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input", "'computer_call_output'"),

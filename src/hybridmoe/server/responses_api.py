@@ -1,9 +1,11 @@
 """OpenAI Responses API (`POST /v1/responses`, `/v1/responses/input_tokens`) over the chat path.
 
-A request becomes a `ChatCompletionRequest` (input items -> chat messages) and goes through
-`Serving.start_chat`, so templates, sampling, constrained JSON and harmony parsing are the chat
-path's. The reply's harmony messages become output items: analysis -> `reasoning`, final (and
-commentary preambles) -> `message`, calls to `functions.NAME` -> `function_call`.
+A request becomes a `ChatCompletionRequest` (input items -> chat messages, server/responses_items.py;
+tools -> functions, server/responses_tools.py) and goes through `Serving.start_chat`, so templates,
+sampling, constrained JSON and harmony parsing are the chat path's. The reply's harmony messages
+become output items: analysis -> `reasoning`, final (and commentary preambles) -> `message`, calls
+to `functions.NAME` -> `function_call` (with `namespace` for a namespace tool's function) or
+`custom_tool_call` (a freeform tool).
 
 Stored responses (`store`, the API's default) stay in memory for `previous_response_id`:
 at most `ResponseStore.MAX_RESPONSES` responses and `MAX_CHARS` characters of items, the oldest
@@ -13,7 +15,6 @@ dropped first; nothing survives a restart unless --responses-dir also writes the
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
@@ -23,130 +24,25 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hybridmoe.server.chat_view import ChatView
 from hybridmoe.server.output_blocks import Block, BlockEvent, BlockFolder
 from hybridmoe.server.response_files import ResponseFiles
-from hybridmoe.server.protocol import (
-    APIError,
-    Lenient,
-    ChatCompletionRequest,
-    ChatMessage,
-    FunctionCall,
-    FunctionDef,
-    Tool,
-    ToolCall,
-    bad_request,
-    validate_tagged,
+from hybridmoe.server.protocol import APIError, ChatCompletionRequest, ChatMessage, Lenient, bad_request
+from hybridmoe.server.responses_items import (  # noqa: F401  (parse_items, items_to_messages: tests use them here)
+    InputItem,
+    MessageItem,
+    carry_reasoning,
+    declared_tools,
+    items_to_messages,
+    parse_items,
 )
+from hybridmoe.server.responses_tools import Route, ToolMap, freeform_input, wire_name
 from hybridmoe.server.serving import Disconnected, Serving, events
 
 
 # ---- request ----------------------------------------------------------------------------------
-class TextPart(Lenient):
-    type: str
-    text: str
-
-
-_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
-
-
-def _text_parts(parts: str | list[Any], what: str) -> str:
-    """A content list's text (text parts only: images, files and audio are refused by name)."""
-    if isinstance(parts, str):
-        return parts
-    out = []
-    for j, part in enumerate(parts):
-        out.append(validate_tagged(part, dict.fromkeys(_TEXT_PARTS, TextPart), f"{what}.content[{j}]").text)
-    return "".join(out)
-
-
-class MessageItem(Lenient):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[dict[str, Any]]
-
-    def text(self, what: str) -> str:
-        return _text_parts(self.content, what)
-
-
-class FunctionCallItem(Lenient):
-    type: Literal["function_call"]
-    call_id: str
-    name: str = Field(min_length=1)
-    arguments: str
-
-
-class FunctionCallOutputItem(Lenient):
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str | list[dict[str, Any]]
-
-
-# `encrypted_content` of our reasoning items (include: ["reasoning.encrypted_content"], for clients
-# that keep no state, store: false): not encrypted, the reasoning text in base64 behind a tag, so
-# an item given back with only that field still restores the reasoning.
-_CARRIED = "hybridmoe-reasoning-v1:"
-
-
-def carry_reasoning(text: str) -> str:
-    return _CARRIED + base64.b64encode(text.encode("utf-8")).decode("ascii")
-
-
-def _carried_text(value: str | None) -> str | None:
-    """The text in one of our `encrypted_content` values; None for anything else (another server's)."""
-    if not value or not value.startswith(_CARRIED):
-        return None
-    try:
-        return base64.b64decode(value[len(_CARRIED):], validate=True).decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
-class ReasoningItem(Lenient):
-    type: Literal["reasoning"]
-    summary: list[dict[str, Any]] = Field(default_factory=list)
-    content: list[dict[str, Any]] | None = None
-    encrypted_content: str | None = None
-
-    def text(self, what: str) -> str:
-        """The raw reasoning (content) when given back, else what our encrypted_content carries,
-        else its summary."""
-        if self.content:
-            return _text_parts(self.content, what)
-        carried = _carried_text(self.encrypted_content)
-        return carried if carried is not None else _text_parts(self.summary, what)
-
-
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
-_ITEM_KINDS: dict[str, type[BaseModel]] = {"message": MessageItem, "function_call": FunctionCallItem,
-                                           "function_call_output": FunctionCallOutputItem,
-                                           "reasoning": ReasoningItem}
-
-
-def parse_items(raw: list[Any], what: str = "input") -> list[InputItem]:
-    """Validate input items (an item without `type` is a message, as in the API); ValueError names
-    the item. Text-only content is checked here too, so rendering cannot fail on a part type."""
-    items = []
-    for i, obj in enumerate(raw):
-        item = validate_tagged(obj, _ITEM_KINDS, f"{what}[{i}]", default="message")
-        if isinstance(item, (MessageItem, ReasoningItem)):
-            item.text(f"{what}[{i}]")
-        elif isinstance(item, FunctionCallOutputItem):
-            _text_parts(item.output, f"{what}[{i}].output")
-        items.append(item)
-    return items
-
-
-class FunctionTool(Lenient):
-    type: Literal["function"]
-    name: str = Field(min_length=1)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
 class ReasoningConfig(Lenient):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: str | None = None
@@ -204,9 +100,8 @@ class ResponsesRequest(Lenient):
 
     @field_validator("tools")
     @classmethod
-    def _function_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        for i, t in enumerate(v or ()):
-            validate_tagged(t, {"function": FunctionTool}, f"tools[{i}]")
+    def _tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        ToolMap.parse(v)
         return v
 
     @field_validator("tool_choice")
@@ -215,8 +110,9 @@ class ResponsesRequest(Lenient):
         if isinstance(v, str) and v not in ("none", "auto", "required"):
             raise ValueError("must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}, "
                              f"got {v!r}")
-        if isinstance(v, dict) and (v.get("type") != "function" or not isinstance(v.get("name"), str)):
-            raise ValueError(f"only {{\"type\": \"function\", \"name\": ...}} objects are supported, got {v!r}")
+        if isinstance(v, dict) and (v.get("type") not in ("function", "custom") or not isinstance(v.get("name"), str)):
+            raise ValueError("only {\"type\": \"function\" or \"custom\", \"name\": ...} objects are supported, "
+                             f"got {v!r}")
         return v
 
     @field_validator("background")
@@ -231,50 +127,13 @@ class ResponsesRequest(Lenient):
             return [MessageItem(role="user", content=self.input)] if self.input else []
         return parse_items(self.input)
 
-    def function_tools(self) -> list[FunctionTool]:
-        return [FunctionTool.model_validate(t) for t in self.tools or ()]
+    def tool_map(self, history: list[InputItem] | None = None) -> ToolMap:
+        """The functions the model is offered and where its calls go back (validated already)."""
+        return declared_tools(self.tools, [*(history or ()), *self.input_items()])
 
     def effort(self) -> str | None:
         e = self.reasoning.effort if self.reasoning else None
         return {"none": "low", "minimal": "low", "xhigh": "high"}.get(e, e) if e else None
-
-
-# ---- input items -> chat messages -------------------------------------------------------------
-def items_to_messages(items: list[InputItem]) -> list[ChatMessage]:
-    """Reasoning items, assistant messages and function calls that follow each other form one
-    assistant turn (harmony re-renders its analysis only before calls); outputs become tool messages."""
-    out: list[ChatMessage] = []
-    turn: ChatMessage | None = None  # the assistant message being assembled
-
-    def assistant() -> ChatMessage:
-        nonlocal turn
-        if turn is None:
-            turn = ChatMessage(role="assistant")
-            out.append(turn)
-        return turn
-
-    for i, item in enumerate(items):
-        what = f"input[{i}]"
-        if isinstance(item, ReasoningItem):
-            if turn is not None and (turn.content or turn.tool_calls):
-                turn = None
-            msg = assistant()
-            msg.reasoning_content = (msg.reasoning_content or "") + item.text(what)
-        elif isinstance(item, FunctionCallItem):
-            msg = assistant()
-            call = ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
-            msg.tool_calls = [*(msg.tool_calls or []), call]
-        elif isinstance(item, FunctionCallOutputItem):
-            turn = None
-            out.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=_text_parts(item.output, what)))
-        elif item.role == "assistant":
-            if turn is not None and (turn.content or turn.tool_calls):
-                turn = None
-            assistant().content = item.text(what)
-        else:
-            turn = None
-            out.append(ChatMessage(role=item.role, content=item.text(what)))
-    return out
 
 
 # ---- stored responses -------------------------------------------------------------------------
@@ -347,17 +206,18 @@ class ResponseStore:
 
 
 # ---- request -> chat request ------------------------------------------------------------------
-def _chat_request(req: ResponsesRequest, history: list[InputItem]) -> ChatCompletionRequest:
+def _chat_request(req: ResponsesRequest, history: list[InputItem],
+                  tools: ToolMap | None = None) -> ChatCompletionRequest:
+    tools = req.tool_map(history) if tools is None else tools
     messages = items_to_messages([*history, *req.input_items()])
     if req.instructions:
         messages.insert(0, ChatMessage(role="system", content=req.instructions))
     if not messages:
         raise bad_request("the request has no input", param="input")
-    tools = [Tool(function=FunctionDef(name=t.name, description=t.description, parameters=t.parameters))
-             for t in req.function_tools()] or None
     choice = req.tool_choice
-    if isinstance(choice, dict):
-        choice = {"type": "function", "function": {"name": choice["name"]}}
+    if isinstance(choice, dict):  # a namespaced function is named by its namespace too
+        name = wire_name(choice["name"], choice.get("namespace") if isinstance(choice.get("namespace"), str) else None)
+        choice = {"type": "function", "function": {"name": name}}
     fmt = req.text.format if req.text else TextFormat()
     response_format = None
     if fmt.type == "json_object":
@@ -367,7 +227,7 @@ def _chat_request(req: ResponsesRequest, history: list[InputItem]) -> ChatComple
     try:
         return ChatCompletionRequest(
             model=req.model, messages=messages, max_tokens=req.max_output_tokens, temperature=req.temperature,
-            top_p=req.top_p, tools=tools, tool_choice=choice, reasoning_effort=req.effort(),
+            top_p=req.top_p, tools=tools.offered or None, tool_choice=choice, reasoning_effort=req.effort(),
             reasoning_format="auto", response_format=response_format,
             logprobs=req.wants_logprobs(), top_logprobs=req.top_logprobs if req.wants_logprobs() else None,
         )
@@ -382,15 +242,19 @@ def _history(store: ResponseStore, req: ResponsesRequest) -> list[InputItem]:
 
 
 async def input_tokens(serving: Serving, store: ResponseStore, req: ResponsesRequest) -> dict[str, Any]:
-    chat = _chat_request(req, _history(store, req))
+    history = _history(store, req)
+    chat = _chat_request(req, history, req.tool_map(history))
     return {"object": "response.input_tokens", "input_tokens": len(await serving.chat_prompt_ids(chat))}
 
 
 async def create(serving: Serving, store: ResponseStore, req: ResponsesRequest,
                  disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
-    chat = _chat_request(req, _history(store, req))
+    history = _history(store, req)
+    tools = req.tool_map(history)
+    tools.note_dropped()
+    chat = _chat_request(req, history, tools)
     handle, view = await serving.start_chat(chat)
-    run = _Run(serving, store, req, chat, view)
+    run = _Run(serving, store, req, chat, view, tools)
     if req.stream:
         return run.sse(handle)
     async for _ in run.events(events(handle, disconnected)):
@@ -405,8 +269,8 @@ class _Run:
     """One response: block events -> output items, stream events, the final response object."""
 
     def __init__(self, serving: Serving, store: ResponseStore, req: ResponsesRequest, chat: ChatCompletionRequest,
-                 view: ChatView) -> None:
-        self.serving, self.store, self.req, self.chat = serving, store, req, chat
+                 view: ChatView, tools: ToolMap) -> None:
+        self.serving, self.store, self.req, self.chat, self.tools = serving, store, req, chat, tools
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.folder = BlockFolder(view)
@@ -447,57 +311,69 @@ class _Run:
         self._seq += 1
         return ev
 
+    def _shape(self, b: Block) -> str:
+        """What a block becomes: reasoning, text, a function call or a freeform (custom) call. A
+        call with no function name (`to=functions.` alone) cannot be routed: its text is text."""
+        if b.kind != "call":
+            return b.kind
+        return self.tools.route(b.name).kind if b.name else "text"
+
     def _on_block(self, bev: BlockEvent) -> list[dict[str, Any]]:
-        b, pos = bev.block, bev.block.index
+        b, pos, shape = bev.block, bev.block.index, self._shape(bev.block)
         if bev.kind == "open":
             item = self._item(b, "in_progress")
             self.items.append(item)
             out = [self._event("response.output_item.added", output_index=pos, item=item)]
-            if b.kind != "call":
+            if shape in ("text", "reasoning"):
                 out.append(self._event("response.content_part.added", item_id=item["id"], output_index=pos,
-                                       content_index=0, part=self._part(b.kind, "")))
+                                       content_index=0, part=self._part(shape, "")))
             return out
         item_id = self.items[pos]["id"]
         if bev.kind == "delta":
-            if b.kind == "call":
-                return [self._event("response.function_call_arguments.delta", item_id=item_id, output_index=pos,
-                                    delta=bev.text)]
-            if b.kind == "reasoning":
-                return [self._event("response.reasoning_text.delta", item_id=item_id, output_index=pos,
-                                    content_index=0, delta=bev.text)]
-            self._held_lp += [self._logprob(lp) for lp in bev.logprobs]
-            if not bev.text:
-                return []
-            lps, self._held_lp = self._held_lp, []
-            return [self._event("response.output_text.delta", item_id=item_id, output_index=pos, content_index=0,
-                                delta=bev.text, logprobs=lps)]
+            return self._delta(bev, shape, item_id)
         # close: the last item is cut short when the token limit ended the reply
         final = self.folder.final
         status = "incomplete" if final is not None and final.finish_reason == "length" else "completed"
         self.items[pos] = item = self._item(b, status)
-        if b.kind == "call":
-            out = [self._event("response.function_call_arguments.done", item_id=item_id, output_index=pos,
-                               arguments=b.text)]
-        elif b.kind == "reasoning":
-            out = [self._event("response.reasoning_text.done", item_id=item_id, output_index=pos, content_index=0,
-                               text=b.text)]
+        at = {"item_id": item_id, "output_index": pos}
+        if shape == "function":
+            out = [self._event("response.function_call_arguments.done", **at, arguments=b.text)]
+        elif shape == "custom":  # its input is known once the JSON that carries it is complete
+            out = [self._event("response.custom_tool_call_input.delta", **at, delta=item["input"]),
+                   self._event("response.custom_tool_call_input.done", **at, input=item["input"])]
+        elif shape == "reasoning":
+            out = [self._event("response.reasoning_text.done", **at, content_index=0, text=b.text)]
         else:
             self._held_lp = []
-            out = [self._event("response.output_text.done", item_id=item_id, output_index=pos, content_index=0,
-                               text=b.text, logprobs=self._logprobs(b))]
-        if b.kind != "call":
-            out.append(self._event("response.content_part.done", item_id=item_id, output_index=pos, content_index=0,
-                                   part=self._part(b.kind, b.text, self._logprobs(b))))
+            out = [self._event("response.output_text.done", **at, content_index=0, text=b.text,
+                               logprobs=self._logprobs(b))]
+        if shape in ("text", "reasoning"):
+            out.append(self._event("response.content_part.done", **at, content_index=0,
+                                   part=self._part(shape, b.text, self._logprobs(b))))
         return out + [self._event("response.output_item.done", output_index=pos, item=item)]
+
+    def _delta(self, bev: BlockEvent, shape: str, item_id: str) -> list[dict[str, Any]]:
+        at = {"item_id": item_id, "output_index": bev.block.index}
+        if shape == "function":
+            return [self._event("response.function_call_arguments.delta", **at, delta=bev.text)]
+        if shape == "custom":
+            return []
+        if shape == "reasoning":
+            return [self._event("response.reasoning_text.delta", **at, content_index=0, delta=bev.text)]
+        self._held_lp += [self._logprob(lp) for lp in bev.logprobs]
+        if not bev.text:
+            return []
+        lps, self._held_lp = self._held_lp, []
+        return [self._event("response.output_text.delta", **at, content_index=0, delta=bev.text, logprobs=lps)]
 
     def _item(self, b: Block, status: str) -> dict[str, Any]:
         """An output item; an open one is empty (its text arrives as deltas)."""
         done = status != "in_progress"
         suffix = self.id.removeprefix("resp_") + f"_{b.index}"
-        if b.kind == "call":
-            return {"id": f"fc_{suffix}", "type": "function_call", "status": status, "call_id": b.call_id,
-                    "name": b.name, "arguments": b.text if done else ""}
-        if b.kind == "reasoning":
+        shape = self._shape(b)
+        if shape in ("function", "custom"):
+            return _call_item(self.tools.route(b.name), b, suffix, status, done)
+        if shape == "reasoning":
             item = {"id": f"rs_{suffix}", "type": "reasoning", "status": status, "summary": [],
                     "content": [self._part("reasoning", b.text)] if done else []}
             if "reasoning.encrypted_content" in (self.req.include or ()):
@@ -553,10 +429,21 @@ class _Run:
             "temperature": d.temperature if req.temperature is None else req.temperature,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)},
             "tool_choice": req.tool_choice or "auto",
-            "tools": [t.model_dump(exclude_none=True) for t in req.function_tools()],
+            "tools": req.tools or [],
             "top_p": d.top_p if req.top_p is None else req.top_p,
             "truncation": "disabled",
             "usage": usage,
             "user": req.user,
             "metadata": req.metadata or {},
         }
+
+
+def _call_item(route: Route, b: Block, suffix: str, status: str, done: bool) -> dict[str, Any]:
+    """A call as the client declared its tool: `function_call` (with `namespace` for a namespace
+    tool's function, as Codex routes it) or `custom_tool_call` carrying the freeform input."""
+    ns = {"namespace": route.namespace} if route.namespace else {}
+    if route.kind == "custom":
+        return {"id": f"ctc_{suffix}", "type": "custom_tool_call", "status": status, "call_id": b.call_id,
+                "name": route.name, **ns, "input": freeform_input(b.text) if done else ""}
+    return {"id": f"fc_{suffix}", "type": "function_call", "status": status, "call_id": b.call_id,
+            "name": route.name, **ns, "arguments": b.text if done else ""}
