@@ -119,28 +119,27 @@ def test_an_f16_scale_that_is_large_or_tiny_is_not_refused(tmp_path: Path, clean
 
 # ---- the commands ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
-def test_serve_check_tensors_is_one_line(tmp_path: Path, clean_files, t):
+def _damaged_with_message(tmp_path: Path, clean_files, t) -> tuple[Path, str]:
+    """A copy of t's clean file with one bad value or scale, and the message that must name it."""
     if t in FLOAT_BAD:
         path = _bad_value(tmp_path, clean_files, t)
-        expected = _expected_value(path, t)
-    else:
-        _, field, at, data, shown = next(s for s in SCALES if s[0] == t)
-        path, block = _bad_scale(tmp_path, clean_files, t, at, data)
-        expected = _expected_scale(path, t, field, block, shown)
+        return path, _expected_value(path, t)
+    _, field, at, data, shown = next(s for s in SCALES if s[0] == t)
+    path, block = _bad_scale(tmp_path, clean_files, t, at, data)
+    return path, _expected_scale(path, t, field, block, shown)
+
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_serve_check_tensors_is_one_line(tmp_path: Path, clean_files, t):
+    path, expected = _damaged_with_message(tmp_path, clean_files, t)
     assert cli_fails("serve", "-m", str(path), "--port", "0", "--check-tensors") == \
         f"hybridmoe serve: error: {expected}"
 
 
 @pytest.mark.parametrize("t", [T.BF16, T.MXFP4, T.Q5_1, T.Q3_K], ids=lambda t: t.name)
 def test_generate_check_tensors_is_one_line(tmp_path: Path, clean_files, t):
-    if t in FLOAT_BAD:
-        path = _bad_value(tmp_path, clean_files, t)
-        expected = _expected_value(path, t)
-    else:
-        _, field, at, data, shown = next(s for s in SCALES if s[0] == t)
-        path, block = _bad_scale(tmp_path, clean_files, t, at, data)
-        expected = _expected_scale(path, t, field, block, shown)
+    path, expected = _damaged_with_message(tmp_path, clean_files, t)
     assert cli_fails("generate", "-m", str(path), "-n", "1", "--check-tensors") == \
         f"hybridmoe generate: error: {expected}"
 
