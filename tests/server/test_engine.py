@@ -188,17 +188,19 @@ def test_id_slot_waits_for_its_slot_and_does_not_hold_up_others(llm, engine):
     p = prompts(llm, 3)
     done: dict[str, float] = {}
 
-    def run(name: str, req: GenerationRequest) -> None:
-        list(engine.submit(req))
+    def run(name: str, handle) -> None:
+        list(handle)
         done[name] = time.perf_counter()
 
     a = GenerationRequest(p[0], greedy(150, ignore_eos=True), id_slot=1)
     b = GenerationRequest(p[1], greedy(3, ignore_eos=True), id_slot=1)
     c = GenerationRequest(p[2], greedy(3, ignore_eos=True))
-    threads = [threading.Thread(target=run, args=args) for args in (("a", a), ("b", b), ("c", c))]
+    # Submitted in this order from one thread (no sleeps: on a fast machine a's 150 tokens took
+    # less than the gaps did), then each drained on its own thread.
+    handles = [(name, engine.submit(req)) for name, req in (("a", a), ("b", b), ("c", c))]
+    threads = [threading.Thread(target=run, args=args) for args in handles]
     for t in threads:
         t.start()
-        time.sleep(0.05)  # submitted in this order
     for t in threads:
         t.join(60)
     assert done["c"] < done["a"] < done["b"], done
