@@ -411,152 +411,30 @@ struct Block<kQ6_K> {
     }
 };
 
+using Vec = __m512;
+constexpr int kLanes = 16;
+HM_ALWAYS_INLINE inline Vec vzero() { return _mm512_setzero_ps(); }
+HM_ALWAYS_INLINE inline Vec vload(const float* p) { return _mm512_load_ps(p); }
+HM_ALWAYS_INLINE inline void vstore(float* p, Vec v) { _mm512_store_ps(p, v); }
+HM_ALWAYS_INLINE inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+HM_ALWAYS_INLINE inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
 template <int F>
-void decode_rows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out) {
-    constexpr int E = ext_block_elems(F), B = ext_block_bytes(F);
-    for (int64_t r = 0; r < n_rows; ++r)
-        for (int64_t b = 0; b < K / E; ++b) {
-            const uint8_t* blk = w + r * row_bytes + b * B;
-            typename Block<F>::Pre p;
-            Block<F>::prep(blk, p);
-            StoreSink s{out + r * K + b * E};
-            Block<F>::run(blk, p, s);
-        }
-}
+constexpr int kTwoTokenSets = 2;
 
-constexpr int kPrefetchBytes = 2048;  // software prefetch distance along the weight stream (as kern_avx512)
-// Activations up to this size stay in L1 while a whole row passes; past it (several tokens at a
-// large K) a group of rows walks K in chunks of kChunkFloats activations (all tokens together).
-constexpr int64_t kWholeBytes = 32 << 10, kChunkFloats = 4096;
-constexpr int kGroupRows = 16;
-
-// Block b of a row into the sink's accumulators, prefetching pf bytes ahead.
-template <int F, int NT, int A>
-HM_ALWAYS_INLINE inline void gemv_block(const uint8_t* row, int64_t b, int64_t pf, const typename Block<F>::Pre& p,
-                                        const float* const* xs, FmaSink<NT, A>& s) {
-    constexpr int E = ext_block_elems(F), B = ext_block_bytes(F);
-    const uint8_t* blk = row + b * B;
-    for (int j = 0; j < B; j += 64) _mm_prefetch((const char*)blk + pf + j, _MM_HINT_T0);
-    for (int t = 0; t < NT; ++t) s.x[t] = xs[t] + b * E;
-    Block<F>::run(blk, p, s);
-}
-
-// Blocks [b0, b1) of a row, two per step, each block's prep issued a block ahead.
-template <int F, int NT, int A>
-HM_ALWAYS_INLINE inline void gemv_span(const uint8_t* row, int64_t b0, int64_t b1, int64_t pf,
-                                       const float* const* xs, FmaSink<NT, A>& s) {
-    using Blk = Block<F>;
-    constexpr int B = ext_block_bytes(F);
-    if (b0 >= b1) return;  // K = 0: not even block b0 is there to prep
-    typename Blk::Pre p0, p1;
-    Blk::prep(row + b0 * B, p0);
-    int64_t b = b0;
-    for (; b + 2 <= b1; b += 2) {
-        Blk::prep(row + (b + 1) * B, p1);
-        gemv_block<F>(row, b, pf, p0, xs, s);
-        if (b + 2 < b1) Blk::prep(row + (b + 2) * B, p0);
-        gemv_block<F>(row, b + 1, pf, p1, xs, s);
-    }
-    if (b < b1) gemv_block<F>(row, b, pf, p0, xs, s);
-}
-
-template <int NT, int A>
-HM_ALWAYS_INLINE inline float sum_acc(const FmaSink<NT, A>& s, int t) {
-    __m512 sum = s.acc[0][t];
-    for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, s.acc[a][t]);
-    return _mm512_reduce_add_ps(sum);
-}
-
-template <int F, int NT, int A>
-void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs, float* out,
-               int64_t ldo) {
-    constexpr int E = ext_block_elems(F);
-    // Two blocks make whole turns of the accumulator sets: each step starts on the same set, so
-    // the loop's back edge needs no register shuffle.
-    static_assert((2 * E / 16) % A == 0, "accumulator sets per step");
-    const int64_t nb = K / E;
-    if (NT * K * int64_t(sizeof(float)) <= kWholeBytes) {
-        // Rows straight through; they are contiguous, so the prefetches run on into the next rows.
-        for (int64_t r = 0; r < n_rows; ++r) {
-            FmaSink<NT, A> s;
-            for (int a = 0; a < A; ++a)
-                for (int t = 0; t < NT; ++t) s.acc[a][t] = _mm512_setzero_ps();
-            gemv_span<F>(w + r * row_bytes, 0, nb, kPrefetchBytes, xs, s);
-            for (int t = 0; t < NT; ++t) out[t * ldo + r] = sum_acc(s, t);
-        }
-        return;
-    }
-    // K chunks (an even block count) with the accumulators parked per row between them; each
-    // block prefetches the same block of the next row, the one read next.
-    const int64_t cb = std::max<int64_t>(2, kChunkFloats / (NT * E) / 2 * 2);
-    alignas(64) float keep[kGroupRows][A * NT][16];
-    for (int64_t r0 = 0; r0 < n_rows; r0 += kGroupRows) {
-        const int64_t nr = std::min<int64_t>(kGroupRows, n_rows - r0);
-        for (int64_t c0 = 0; c0 < nb; c0 += cb) {
-            const int64_t c1 = std::min(nb, c0 + cb);
-            for (int64_t i = 0; i < nr; ++i) {
-                FmaSink<NT, A> s;
-                for (int a = 0; a < A; ++a)
-                    for (int t = 0; t < NT; ++t)
-                        s.acc[a][t] = c0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(keep[i][a * NT + t]);
-                gemv_span<F>(w + (r0 + i) * row_bytes, c0, c1, row_bytes, xs, s);
-                if (c1 < nb) {
-                    for (int a = 0; a < A; ++a)
-                        for (int t = 0; t < NT; ++t) _mm512_store_ps(keep[i][a * NT + t], s.acc[a][t]);
-                } else {
-                    for (int t = 0; t < NT; ++t) out[t * ldo + r0 + i] = sum_acc(s, t);
-                }
-            }
-        }
-    }
-}
-
-template <int F>
-void gemv_fmt(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs, int nt,
-              float* out, int64_t ldo) {
-    switch (nt) {
-        case 1: return gemv_rows<F, 1, 4>(w, row_bytes, n_rows, K, xs, out, ldo);
-        case 2: return gemv_rows<F, 2, 2>(w, row_bytes, n_rows, K, xs, out, ldo);
-        case 3: return gemv_rows<F, 3, 2>(w, row_bytes, n_rows, K, xs, out, ldo);
-        case 4: return gemv_rows<F, 4, 1>(w, row_bytes, n_rows, K, xs, out, ldo);
-        case 5: return gemv_rows<F, 5, 1>(w, row_bytes, n_rows, K, xs, out, ldo);
-        case 6: return gemv_rows<F, 6, 1>(w, row_bytes, n_rows, K, xs, out, ldo);
-        case 7: return gemv_rows<F, 7, 1>(w, row_bytes, n_rows, K, xs, out, ldo);
-        case 8: return gemv_rows<F, 8, 1>(w, row_bytes, n_rows, K, xs, out, ldo);
-        default: return;
-    }
-}
+#include "ext_driver.inc"
 
 }  // namespace
 
 namespace avx512 {
 
-#define HM_EXT_SWITCH(fn, ...)                                   \
-    switch (fmt) {                                               \
-        case kQ4_0: return fn<kQ4_0>(__VA_ARGS__);               \
-        case kQ4_1: return fn<kQ4_1>(__VA_ARGS__);               \
-        case kQ5_0: return fn<kQ5_0>(__VA_ARGS__);               \
-        case kQ5_1: return fn<kQ5_1>(__VA_ARGS__);               \
-        case kIQ4_NL: return fn<kIQ4_NL>(__VA_ARGS__);           \
-        case kIQ4_XS: return fn<kIQ4_XS>(__VA_ARGS__);           \
-        case kQ2_K: return fn<kQ2_K>(__VA_ARGS__);               \
-        case kQ3_K: return fn<kQ3_K>(__VA_ARGS__);               \
-        case kQ4_K: return fn<kQ4_K>(__VA_ARGS__);               \
-        case kQ5_K: return fn<kQ5_K>(__VA_ARGS__);               \
-        case kQ6_K: return fn<kQ6_K>(__VA_ARGS__);               \
-        default: return;                                         \
-    }
-
 void decode_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, float* out) {
-    HM_EXT_SWITCH(decode_rows, w, row_bytes, n_rows, K, out)
+    decode_ext_any(fmt, w, row_bytes, n_rows, K, out);
 }
 
 void gemv_ext(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K, const float* const* xs, int nt,
               float* out, int64_t ldo) {
-    HM_EXT_SWITCH(gemv_fmt, w, row_bytes, n_rows, K, xs, nt, out, ldo)
+    gemv_ext_any(fmt, w, row_bytes, n_rows, K, xs, nt, out, ldo);
 }
-
-#undef HM_EXT_SWITCH
 
 }  // namespace avx512
 }  // namespace hm
