@@ -62,8 +62,8 @@ bool act_ok(int act) { return act == kActF32 || act == kActI16 || act == kActI8 
 constexpr int kFastGemvMaxTokens = 2;
 std::atomic<int> g_q8_gemv_max_tokens{kFastGemvMaxTokens};
 
-// Ext formats: the decode-then-dot GEMV serves one pass of tokens; past it the tile GEMM reuses
-// each decoded row for every token.
+// Ext formats: the fused GEMV serves one pass of tokens; past it the tile GEMM reuses each decoded
+// row for every token.
 constexpr int kExtGemvMaxTokens = kMaxGemvTokens;
 
 // Tokens per expert (or dense call) that still take the GEMV path in this activation mode.

@@ -22,6 +22,7 @@ from hybridmoe.quant import Q8_0_EXACT_TYPES, to_q8_0
 from hybridmoe.quant import block_types as bt
 from hybridmoe.quant.formats import SUPPORTED, dequantize, quantize
 from hybridmoe.quant.torch_dequant import dequantize_torch
+from tests.test_quant_formats import _same_bits
 
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.IQ4_XS,
          T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -50,15 +51,6 @@ def _gguf_values(raw: np.ndarray, t: T) -> np.ndarray:
 
 def _name(t: T) -> str:
     return t.name
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bit-identical float32 arrays; NaNs must sit at the same places (any payload)."""
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    if a.shape != b.shape or not np.array_equal(np.isnan(a), np.isnan(b)):
-        return False
-    ok = ~np.isnan(a)
-    return np.array_equal(a[ok].view(np.uint32), b[ok].view(np.uint32))
 
 
 def _raw(t: T, seed: int, lead=(3, 5), nblocks: int = 3) -> np.ndarray:
