@@ -59,3 +59,29 @@ def describe() -> str:
     isa = " ".join(m["isa"]) or "none of " + ",".join(ISA_FLAGS)
     load = " ".join(str(x) for x in m["load_avg"]) or "unknown"
     return f"cpu: {m['cpu']}; isa flags: {isa}; cpus: {m['cpus']}; ram: {m['ram_gib']} GiB; load average: {load}"
+
+
+def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 3) -> tuple[float, str]:
+    """GB/s of the kernel library's read loop on its pool over a touched buffer (median of
+    `repeats`), or of a one-thread numpy sum without the library: the ceiling a weight stream
+    can reach on this machine right now."""
+    import time
+
+    import numpy as np
+
+    from hybridmoe import kernels as K
+
+    buf = np.ones(int(gib * 2**30) // 8, dtype=np.float64)
+    if K.available():
+        K.set_num_threads(threads)
+        addr = buf.__array_interface__["data"][0]
+        run, how = (lambda: K._lib_handle.hm_read_probe(addr, buf.nbytes)), "C read loop"
+    else:
+        run, how = (lambda: float(buf.sum())), "numpy sum, 1 thread"
+    run()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return buf.nbytes / sorted(times)[len(times) // 2] / 1e9, how

@@ -50,8 +50,10 @@ BENCHES = {
     "gguf_open": ("Opening a GGUF", "bench/gguf_open.py",
                   "Open time and RSS of the project's reader vs `gguf.GGUFReader` on a 20b-shaped file with "
                   "the full-size tokenizer, each open in a fresh process."),
-    "decode_overhead": ("Python overhead of a decode step", "bench/decode_overhead.py",
-                        "Decode step time vs time inside the C kernels' calls."),
+    "decode_breakdown": ("Where a decode step's time goes", "bench/decode_breakdown.py",
+                         "One-token decode steps after a cached prompt, each part of every layer timed; GB/s of "
+                         "the bytes each part reads per token against the read bandwidth the same child "
+                         "measured. Medians over steps, then over runs (modes alternating)."),
     "sampling": ("Choosing a token", "bench/sampling.py",
                  "`Sampler.sample` + `accept` per token on a random 201k-token logit row; median of the "
                  "runs' means."),
@@ -78,6 +80,8 @@ METRICS = {
     "pp512": "pp512 (tok/s)",
     "tg64": "tg64 (tok/s)",
     "peak_rss_gib": "peak RSS (GiB)",
+    "anon_gib": "peak anonymous memory (GiB)",
+    "file_rss_gib": "peak resident file pages (GiB)",
 }
 README_METRICS = ("load_s", "load_to_first_s", "pp512", "tg64", "peak_rss_gib")
 

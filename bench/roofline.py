@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-
-import numpy as np
 
 import machine
 import record
@@ -47,26 +44,6 @@ def step_bytes(tensors: dict, n_experts: int, top_k: int, n_layers: int, vocab: 
             "total": dense + rows + expert}
 
 
-def read_bandwidth(threads: int, gib: float, repeats: int) -> tuple[float, str]:
-    """GB/s of the kernel library's read loop on its pool (numpy sum without the library)."""
-    from hybridmoe import kernels as K
-
-    buf = np.ones(int(gib * 2**30) // 8, dtype=np.float64)
-    if K.available():
-        K.set_num_threads(threads)
-        addr = buf.__array_interface__["data"][0]
-        run, how = (lambda: K._lib_handle.hm_read_probe(addr, buf.nbytes)), "C read loop"
-    else:
-        run, how = (lambda: float(buf.sum())), "numpy sum, 1 thread"
-    run()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return buf.nbytes / sorted(times)[len(times) // 2] / 1e9, how
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True)
@@ -84,7 +61,7 @@ def main() -> None:
     mf = open_model(args.model)
     cfg = GptOssConfig.from_metadata(mf.metadata, args.model)
     print(machine.describe())
-    bw, how = read_bandwidth(args.threads, args.bw_gib, args.repeats)
+    bw, how = machine.read_bandwidth(args.threads, args.bw_gib, args.repeats)
     print(f"model {os.path.basename(args.model)}: {cfg.n_layers} layers, {cfg.n_experts} experts top-"
           f"{cfg.n_experts_used}; read bandwidth {bw:.1f} GB/s ({how}, {args.threads} threads, median of "
           f"{args.repeats})")

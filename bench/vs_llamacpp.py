@@ -1,24 +1,31 @@
-"""hybridmoe vs llama.cpp on the same GGUF (by default a 20b-shaped synthetic file), CPU only.
+"""hybridmoe vs llama.cpp on the same GGUF (by default a 20b-shaped synthetic file), CPU only,
+each engine at its best.
 
 Same file, same threads, flash attention on for llama.cpp. Each run is a fresh child process per
-engine (so peak RSS is that engine's own), engines alternating and their order flipped every run.
-Reports medians: load time, first prefill after load, pp128 / pp512 prompt tok/s, tg64 decode
-tok/s, peak RSS, ratios; for hybridmoe also the share of decode time spent inside kernel calls.
+engine, engines alternating and their order flipped every run. Inside a child every engine
+measures the same way: one warm-up (llama-bench's own; ours a 64-token prefill and 8 decode steps),
+then `--reps` repetitions of pp128, pp512 and tg64 (llama-bench `-r REPS`). Reported per engine
+and metric: min / median / max over all repetitions of all runs, and the ratios of the medians and
+of the bests (tok/s max, seconds and GiB min).
+
+Per child the record also keeps what memory it had: how much of the model file was in the page
+cache when it started (`fincore`), its peak resident file pages and anonymous memory (sampled from
+/proc), and how busy the rest of the machine was while it ran (CPU time of other processes, in
+cores; a child with more than 0.25 cores of other work is marked busy and the table says so).
+
+Page cache (`--cache`): `warm` (default) reads the file once before the first child and leaves
+it: each engine then meets the cache as the others left it, which is how a user runs; `drop`
+drops and re-reads it before every child; `as-is` leaves it alone (cold loads need a quiet box).
 
 llama.cpp is driven through whichever is present, and the output says which and its version:
   1. `llama-bench` built from source (the newest llama.cpp): --llama-bench PATH, or the
      llama-bench beside --llama-server PATH, or $HYBRIDMOE_LLAMA_BENCH / $HYBRIDMOE_LLAMA_SERVER,
-     or `llama-bench` on $PATH. It measures pp/tg itself (`-p 128,512 -n 64 -fa on -ngl 0 -b 512
-     -ub 512 -r 1` per run); it reports no load time.
+     or `llama-bench` on $PATH (`-p 128,512 -n 64 -fa on -ngl 0 -b 512 -ub 512 -r REPS`; it
+     reports no load time).
   2. the llama-cpp-python package (`pip install llama-cpp-python`; a benchmark tool, never a
      runtime dependency), timed here like hybridmoe.
 
-Before every child run the model file is dropped from the page cache and read back once,
-sequentially (untimed), so each engine starts with the whole file cached and in the same state
-(whichever engine ran before would otherwise decide how much the next re-reads from disk and how
-costly the cached pages are to map). `--cache as-is` skips it (cold-load numbers need a quiet box).
-
-    python bench/vs_llamacpp.py [--model M.gguf] [--threads 2] [--ctx 4096] [--runs 3] [--json out.json]
+    python bench/vs_llamacpp.py [--model M.gguf] [--threads 2] [--ctx 4096] [--runs 3] [--reps 3] [--json out.json]
 Without --model it uses $HYBRIDMOE_BENCH_MODEL, then bench/out/synth-20b.gguf (made with
 `hybridmoe synth --preset 20b` when missing; 12 GB).
 """
@@ -35,6 +42,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -45,6 +53,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PP_SIZES = (128, 512)
 TG_TOKENS = 64
 WARMUP_TOKENS = 64  # one prefill right after load (page faults, thread start); timed apart
+RATE_KEYS = [*(f"pp{n}" for n in PP_SIZES), f"tg{TG_TOKENS}"]  # tok/s, one value per repetition
+BUSY_CORES = 0.25  # other processes' CPU use (in cores) above which a child's run is marked busy
 
 
 def _token_ids(n: int, vocab: int, seed: int) -> list[int]:
@@ -54,43 +64,108 @@ def _token_ids(n: int, vocab: int, seed: int) -> list[int]:
     return [rnd.randrange(min(1000, vocab // 2), min(vocab, 199_000)) for _ in range(n)]
 
 
-def _peak_rss_gib() -> float:
-    import resource
+def _status_kib(pid: int | str = "self") -> dict[str, int]:
+    """VmHWM / RssAnon / RssFile of a process in KiB (empty once it is gone)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                if key in ("VmHWM", "RssAnon", "RssFile"):
+                    out[key] = int(val.split()[0])
+    except OSError:
+        pass
+    return out
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+class MemoryWatch:
+    """Samples a process's resident anonymous and file-backed memory every 0.2 s; keeps the peaks."""
+
+    def __init__(self, pid: int | str = "self"):
+        self.pid, self.peak = pid, {"RssAnon": 0, "RssFile": 0, "VmHWM": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(0.2):
+                return
+
+    def sample(self) -> None:
+        for k, v in _status_kib(self.pid).items():
+            self.peak[k] = max(self.peak[k], v)
+
+    def stop(self) -> dict[str, float]:
+        self.sample()
+        self._stop.set()
+        self._thread.join()
+        return {"peak_rss_gib": self.peak["VmHWM"] / 2**20, "anon_gib": self.peak["RssAnon"] / 2**20,
+                "file_rss_gib": self.peak["RssFile"] / 2**20}
 
 
-def child_hybridmoe(model: str, threads: int, ctx: int, fast_math: bool = False) -> dict:
+def cached_gib(path: str) -> float | None:
+    """How much of `path` is in the page cache now (util-linux `fincore`), or None without it."""
+    try:
+        r = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path], capture_output=True,
+                           text=True, timeout=60)
+        return int(r.stdout.split()[0]) / 2**30 if r.returncode == 0 and r.stdout.split() else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+def _busy_jiffies() -> int:
+    """Non-idle CPU time of the whole machine so far, in clock ticks."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    return sum(vals) - vals[3] - vals[4]  # minus idle and iowait
+
+
+def child_hybridmoe(model: str, threads: int, ctx: int, reps: int, fast_math: bool = False) -> dict:
     from hybridmoe import LLM, ComputeSettings, ContextSettings
     from hybridmoe.models.gpt_oss import SeqChunk
 
+    watch = MemoryWatch()
     t0 = time.perf_counter()
     llm = LLM(model, compute=ComputeSettings(threads=threads, fast_math=fast_math),
               context=ContextSettings(ctx_size=ctx, ubatch_size=512))
-    res = {"load_s": time.perf_counter() - t0}
+    res: dict = {"load_s": time.perf_counter() - t0}
     vocab = llm.config.vocab_size
     t = time.perf_counter()
     llm.prefill(llm.model.make_cache(ctx), _token_ids(WARMUP_TOKENS, vocab, 3))
     res["first_prefill_s"] = time.perf_counter() - t  # first touch of the mmap'd weights
-    for n in PP_SIZES:
-        cache = llm.model.make_cache(ctx)
-        ids = _token_ids(n, vocab, n)
+
+    def decode(cache, ids: list[int]) -> float:
         t = time.perf_counter()
-        llm.prefill(cache, ids)
-        res[f"pp{n}"] = n / (time.perf_counter() - t)
-    cache = llm.model.make_cache(ctx)
-    llm.prefill(cache, _token_ids(8, vocab, 1))
-    ids = _token_ids(TG_TOKENS, vocab, 2)
+        for tok in ids:
+            llm.model.forward([SeqChunk(cache, [tok])])
+        return time.perf_counter() - t
+
+    warm = llm.model.make_cache(ctx)
+    llm.prefill(warm, _token_ids(8, vocab, 1))
+    decode(warm, _token_ids(8, vocab, 4))  # the decode path's own warm-up (as llama-bench's)
+    samples: dict[str, list[float]] = {k: [] for k in RATE_KEYS}
     kernel_s = _time_kernels()
-    t = time.perf_counter()
-    for tok in ids:
-        llm.model.forward([SeqChunk(cache, [tok])])
-    tg_s = time.perf_counter() - t
-    res[f"tg{TG_TOKENS}"] = TG_TOKENS / tg_s
-    res["tg_kernel_frac"] = kernel_s[0] / tg_s  # share of decode time inside the C kernels' calls
-    res["peak_rss_gib"] = _peak_rss_gib()  # before the bandwidth probe's buffer
-    res["tg_weight_gbs"] = _decode_bytes_per_token(llm) * TG_TOKENS / tg_s / 1e9
-    res["read_bw_gbs"] = _read_bandwidth()
+    tg_s, tg_kernel_s = 0.0, 0.0
+    for rep in range(reps):
+        for n in PP_SIZES:
+            cache = llm.model.make_cache(ctx)
+            ids = _token_ids(n, vocab, n + rep)
+            t = time.perf_counter()
+            llm.prefill(cache, ids)
+            samples[f"pp{n}"].append(n / (time.perf_counter() - t))
+        cache = llm.model.make_cache(ctx)
+        llm.prefill(cache, _token_ids(8, vocab, 1))
+        k0 = kernel_s[0]
+        secs = decode(cache, _token_ids(TG_TOKENS, vocab, 2 + rep))
+        tg_s, tg_kernel_s = tg_s + secs, tg_kernel_s + kernel_s[0] - k0
+        samples[f"tg{TG_TOKENS}"].append(TG_TOKENS / secs)
+    res["samples"] = samples
+    res["tg_kernel_frac"] = tg_kernel_s / tg_s  # share of decode time inside the C kernels' calls
+    res.update(watch.stop())  # before the bandwidth probe's buffer
+    res["tg_weight_gbs"] = _decode_bytes_per_token(llm) * TG_TOKENS * reps / tg_s / 1e9
+    res["read_bw_gbs"] = machine.read_bandwidth(threads)[0]
     return res
 
 
@@ -103,21 +178,6 @@ def _decode_bytes_per_token(llm) -> float:
         if not name.startswith("token_embd"):
             total += info.nbytes * (cfg.n_experts_used / cfg.n_experts if "_exps" in name else 1)
     return total
-
-
-def _read_bandwidth(gib: float = 2.0, repeats: int = 3) -> float:
-    """GB/s of the kernel pool summing a touched buffer: the machine's read bandwidth right now."""
-    import numpy as np
-
-    from hybridmoe import kernels
-
-    buf = np.ones(int(gib * 2**30) // 8, dtype=np.float64)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        kernels._lib_handle.hm_read_probe(buf.ctypes.data, buf.nbytes)
-        times.append(time.perf_counter() - t)
-    return buf.nbytes / statistics.median(times) / 1e9
 
 
 def _time_kernels() -> list[float]:
@@ -142,56 +202,59 @@ def _time_kernels() -> list[float]:
     return total
 
 
-def child_llamacpp_python(model: str, threads: int, ctx: int) -> dict:
+def child_llamacpp_python(model: str, threads: int, ctx: int, reps: int) -> dict:
     from llama_cpp import Llama
 
+    watch = MemoryWatch()
     t0 = time.perf_counter()
     llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=ctx, n_batch=512,
                 n_ubatch=512, flash_attn=True, n_gpu_layers=0, verbose=False)
-    res = {"load_s": time.perf_counter() - t0}
+    res: dict = {"load_s": time.perf_counter() - t0}
     vocab = llm.n_vocab()
     llm.reset()
     t = time.perf_counter()
     llm.eval(_token_ids(WARMUP_TOKENS, vocab, 3))
     res["first_prefill_s"] = time.perf_counter() - t
-    for n in PP_SIZES:
+    samples: dict[str, list[float]] = {k: [] for k in RATE_KEYS}
+    for rep in range(reps):
+        for n in PP_SIZES:
+            llm.reset()
+            ids = _token_ids(n, vocab, n + rep)
+            t = time.perf_counter()
+            llm.eval(ids)
+            samples[f"pp{n}"].append(n / (time.perf_counter() - t))
         llm.reset()
-        ids = _token_ids(n, vocab, n)
+        llm.eval(_token_ids(8, vocab, 1))
         t = time.perf_counter()
-        llm.eval(ids)
-        res[f"pp{n}"] = n / (time.perf_counter() - t)
-    llm.reset()
-    llm.eval(_token_ids(8, vocab, 1))
-    ids = _token_ids(TG_TOKENS, vocab, 2)
-    t = time.perf_counter()
-    for tok in ids:
-        llm.eval([tok])
-    res[f"tg{TG_TOKENS}"] = TG_TOKENS / (time.perf_counter() - t)
-    res["peak_rss_gib"] = _peak_rss_gib()
+        for tok in _token_ids(TG_TOKENS, vocab, 2 + rep):
+            llm.eval([tok])
+        samples[f"tg{TG_TOKENS}"].append(TG_TOKENS / (time.perf_counter() - t))
+    res["samples"] = samples
+    res.update(watch.stop())
     return res
 
 
-def child_llama_bench(binary: str, model: str, threads: int) -> dict:
-    """One llama-bench process (one repetition after its warm-up); its peak RSS is this child's
-    only waited-for child's, so RUSAGE_CHILDREN gives it."""
-    import resource
-
+def child_llama_bench(binary: str, model: str, threads: int, reps: int) -> dict:
+    """One llama-bench process (its warm-up, then `reps` repetitions of each test), its memory
+    sampled from /proc while it runs."""
     cmd = [binary, "-m", model, "-t", str(threads), "-p", ",".join(str(n) for n in PP_SIZES), "-n", str(TG_TOKENS),
-           "-fa", "on", "-ngl", "0", "-b", "512", "-ub", "512", "-r", "1", "-o", "json"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{shlex.join(cmd)} failed (rc {r.returncode}):\n{r.stderr[-3000:]}")
-    res: dict = {}
-    for test in json.loads(r.stdout):
+           "-fa", "on", "-ngl", "0", "-b", "512", "-ub", "512", "-r", str(reps), "-o", "json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watch = MemoryWatch(proc.pid)
+    out, err = proc.communicate()
+    mem = watch.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed (rc {proc.returncode}):\n{err[-3000:]}")
+    samples: dict[str, list[float]] = {}
+    for test in json.loads(out):
         name = f"pp{test['n_prompt']}" if test["n_gen"] == 0 else f"tg{test['n_gen']}"
-        res[name] = test["avg_ts"]
-    res["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-    return res
+        samples[name] = list(test.get("samples_ts") or [test["avg_ts"]])
+    return {"samples": samples, **mem}
 
 
 ENGINES = ("hybridmoe", "hybridmoe-fast", "llama.cpp")  # hybridmoe-fast: --fast-math (int8 activations)
-KEYS = ["load_s", "first_prefill_s", "load_to_first_s", *(f"pp{n}" for n in PP_SIZES), f"tg{TG_TOKENS}",
-        "peak_rss_gib"]
+KEYS = ["load_s", "first_prefill_s", "load_to_first_s", *RATE_KEYS, "peak_rss_gib", "anon_gib", "file_rss_gib"]
+LOWER_IS_BETTER = {"load_s", "first_prefill_s", "load_to_first_s", "peak_rss_gib", "anon_gib", "file_rss_gib"}
 
 
 @dataclass(frozen=True)
@@ -228,38 +291,53 @@ def find_llamacpp(llama_bench: str | None, llama_server: str | None) -> LlamaCpp
     return None
 
 
-def warm_page_cache(path: str, chunk: int = 16 << 20) -> tuple[float, float]:
-    """Drops the file's cached pages, then reads it once sequentially; returns (GB, seconds)."""
+def warm_page_cache(path: str, drop: bool, chunk: int = 16 << 20) -> tuple[float, float]:
+    """Reads the file once sequentially (after dropping its cached pages when `drop`); returns
+    (GB, seconds)."""
     t = time.perf_counter()
     buf = bytearray(chunk)
     total = 0
     with open(path, "rb", buffering=0) as f:
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        if drop:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while n := f.readinto(buf):
             total += n
     return total / 1e9, time.perf_counter() - t
 
 
-def run_child(engine: str, model: str, threads: int, ctx: int, timeout_s: float, llama: LlamaCpp | None) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
+def run_child(engine: str, model: str, args: argparse.Namespace, llama: LlamaCpp | None) -> dict:
+    """One child run, with the page-cache state it met, the load average before it and the CPU
+    time other processes spent while it ran."""
+    import resource
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", engine, "--model", model,
-           "--threads", str(threads), "--ctx", str(ctx)]
+           "--threads", str(args.threads), "--ctx", str(args.ctx), "--reps", str(args.reps)]
     if engine == "llama.cpp" and llama is not None and llama.driver == "llama-bench":
         cmd += ["--llama-bench", llama.path]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    facts = {"cached_gib_at_start": cached_gib(model), "load_avg_before": machine.load_average()}
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy0, t0 = _busy_jiffies(), time.perf_counter()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    other = (_busy_jiffies() - busy0) / os.sysconf("SC_CLK_TCK") - own
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if r.returncode != 0 or not lines:
         raise RuntimeError(f"{engine} run failed (rc {r.returncode}):\n{r.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    facts["other_cores"] = max(0.0, other / wall)
+    facts["busy"] = facts["other_cores"] > BUSY_CORES
+    return {**json.loads(lines[-1]), **facts}
 
 
 def run_child_here(engine: str, args: argparse.Namespace) -> dict:
     if engine == "llama.cpp":
         if args.llama_bench:
-            return child_llama_bench(args.llama_bench, args.model, args.threads)
-        return child_llamacpp_python(args.model, args.threads, args.ctx)
-    return child_hybridmoe(args.model, args.threads, args.ctx, fast_math=engine == "hybridmoe-fast")
+            return child_llama_bench(args.llama_bench, args.model, args.threads, args.reps)
+        return child_llamacpp_python(args.model, args.threads, args.ctx, args.reps)
+    return child_hybridmoe(args.model, args.threads, args.ctx, args.reps, fast_math=engine == "hybridmoe-fast")
 
 
 def default_model() -> str:
@@ -271,44 +349,65 @@ def default_model() -> str:
     return path
 
 
-def _median(values: list) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
+def values(runs: list[dict], key: str) -> list[float]:
+    """Every measurement of `key` in an engine's runs: all repetitions of a rate, one per run else."""
+    out: list[float] = []
+    for r in runs:
+        if key in r.get("samples", {}):
+            out += r["samples"][key]
+        elif key == "load_to_first_s" and "load_s" in r and "first_prefill_s" in r:
+            out.append(r["load_s"] + r["first_prefill_s"])
+        elif r.get(key) is not None:
+            out.append(r[key])
+    return out
+
+
+def _best(vals: list[float], key: str) -> float:
+    return min(vals) if key in LOWER_IS_BETTER else max(vals)
 
 
 def summarize(results: dict[str, list[dict]], engines: list[str]) -> tuple[list[dict], list[str]]:
-    """Table rows (one per metric: each engine's median, each hybridmoe mode / llama.cpp) and the
-    hybridmoe decode lines (kernel share, weight stream vs read bandwidth)."""
-    for rs in results.values():
-        for r in rs:
-            if "load_s" in r and "first_prefill_s" in r:
-                r["load_to_first_s"] = r["load_s"] + r["first_prefill_s"]
-    med = {e: {k: _median([r.get(k) for r in rs]) for k in KEYS} for e, rs in results.items()}
+    """Table rows (one per metric: each engine's median and its min-max, the hybridmoe modes over
+    llama.cpp by median and by best) and the hybridmoe decode lines (kernel share, weight stream
+    vs read bandwidth)."""
     ours = [e for e in engines if e.startswith("hybridmoe")]
     rows = []
     for k in KEYS:
+        vals = {e: values(results[e], k) for e in engines}
         row: dict = {"metric": k}
-        row.update({e: med[e][k] for e in engines})
-        if "llama.cpp" in med:
+        for e in engines:
+            v = vals[e]
+            row[e] = statistics.median(v) if v else None
+            row[f"{e} min-max"] = f"{min(v):.2f}-{max(v):.2f}" if len(v) > 1 else None
+        if "llama.cpp" in engines:
+            theirs = vals["llama.cpp"]
             for e in ours:
-                theirs = med["llama.cpp"][k]
-                row[f"{e} / llama.cpp"] = None if theirs is None or med[e][k] is None else med[e][k] / theirs
-        rows.append(row)
+                ok = vals[e] and theirs
+                row[f"{e} / llama.cpp"] = row[e] / row["llama.cpp"] if ok else None
+                row[f"{e} / llama.cpp, best"] = _best(vals[e], k) / _best(theirs, k) if ok else None
+        if any(row[e] is not None for e in engines):
+            rows.append(row)
     lines = []
     stream: dict = {"metric": "tg weight stream (GB/s)"}
     share_row: dict = {"metric": "tg weight stream / read bandwidth"}
     for e in ours:
-        frac = _median([r["tg_kernel_frac"] for r in results[e]])
-        share = _median([r["tg_weight_gbs"] / r["read_bw_gbs"] for r in results[e]])
-        gbs = _median([r["tg_weight_gbs"] for r in results[e]])
+        frac = statistics.median(r["tg_kernel_frac"] for r in results[e])
+        share = statistics.median(r["tg_weight_gbs"] / r["read_bw_gbs"] for r in results[e])
+        gbs = statistics.median(r["tg_weight_gbs"] for r in results[e])
         lines.append(f"{e} decode: {frac:.0%} of step time inside kernel calls; weights streamed at {gbs:.1f} GB/s "
                      f"= {share:.0%} of the read bandwidth measured in the same child (median of per-run ratios)")
         stream[e], share_row[e] = gbs, share
+    busy = [f"{e} run {i}" for e in engines for i, r in enumerate(results[e]) if r["busy"]]
+    if busy:
+        lines.append(f"BUSY MACHINE: other processes used > {BUSY_CORES} cores during {', '.join(busy)}: "
+                     "their figures are low")
     return rows + ([stream, share_row] if ours else []), lines
 
 
-def _fmt(v: float | None, ratio: bool = False) -> str:
-    return "-" if v is None else f"{v:.2f}x" if ratio else f"{v:.2f}"
+def _fmt(v: float | str | None, ratio: bool = False) -> str:
+    if v is None or isinstance(v, str):
+        return v or "-"
+    return f"{v:.2f}x" if ratio else f"{v:.2f}"
 
 
 def main() -> None:
@@ -316,14 +415,15 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=4096, help="context of the hybridmoe and llama-cpp-python runs")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="child processes per engine, engines alternating")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of each test inside one child")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     ap.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench binary (default: see above)")
     ap.add_argument("--llama-server", metavar="PATH", help="use the llama-bench beside this llama-server")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per child run")
-    ap.add_argument("--cache", choices=["warm", "as-is"], default="warm",
-                    help="warm: drop and re-read the model file before every child run (default); "
-                         "as-is: leave the page cache")
+    ap.add_argument("--cache", choices=["warm", "drop", "as-is"], default="warm",
+                    help="warm: read the file once before the first child (default); drop: drop and re-read "
+                         "it before every child; as-is: leave the page cache")
     record.add_json_arg(ap)
     ap.add_argument("--child", choices=list(ENGINES), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -341,24 +441,33 @@ def main() -> None:
         engines.remove("llama.cpp")
     elif llama is not None:
         print(f"llama.cpp: {llama.driver} {llama.version}" + (f" at {llama.path}" if llama.path else ""))
-    print(f"model={model}  threads={args.threads}  ctx={args.ctx}  runs={args.runs} (alternating)"
+    print(f"model={model}  threads={args.threads}  ctx={args.ctx}  runs={args.runs} (alternating)  reps={args.reps}"
           f"  page cache: {args.cache}", flush=True)
     rec = record.new("vs_llamacpp", {
         "model": os.path.basename(model), "model_gb": round(os.path.getsize(model) / 1e9, 2),
-        "threads": args.threads, "ctx": args.ctx, "runs": args.runs, "engines": engines, "page_cache": args.cache})
+        "threads": args.threads, "ctx": args.ctx, "runs": args.runs, "reps": args.reps, "engines": engines,
+        "page_cache": args.cache})
     if llama is not None:
         rec["versions"]["llama.cpp"] = {"driver": llama.driver, "version": llama.version}
     results: dict[str, list[dict]] = {e: [] for e in engines}
+    if args.cache == "warm":
+        gb, secs = warm_page_cache(model, drop=False)
+        print(f"page cache warmed once: {gb:.2f} GB read in {secs:.1f} s", flush=True)
     for run in range(args.runs):
         order = engines if run % 2 == 0 else engines[::-1]
         for engine in order:
-            if args.cache == "warm":
-                gb, secs = warm_page_cache(model)
-                print(f"page cache warmed: {gb:.2f} GB read in {secs:.1f} s", flush=True)
-            r = run_child(engine, model, args.threads, args.ctx, args.timeout, llama)
+            if args.cache == "drop":
+                gb, secs = warm_page_cache(model, drop=True)
+                print(f"page cache dropped and re-read: {gb:.2f} GB in {secs:.1f} s", flush=True)
+            r = run_child(engine, model, args, llama)
             results[engine].append(r)
             rec["runs"].append({"run": run, "engine": engine, **r})
-            print(f"run {run} {engine}: " + ", ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
+            rates = "  ".join(f"{k} " + "/".join(f"{v:.2f}" for v in r["samples"].get(k, [])) for k in RATE_KEYS)
+            cached = r["cached_gib_at_start"]
+            print(f"run {run} {engine}: {rates}; file cached at start "
+                  f"{'?' if cached is None else f'{cached:.1f}'} GiB, peak anon {r['anon_gib']:.1f} GiB, "
+                  f"file rss {r['file_rss_gib']:.1f} GiB, other processes {r['other_cores']:.2f} cores"
+                  + (" (BUSY)" if r["busy"] else ""), flush=True)
 
     rows, lines = summarize(results, engines)
     for line in lines:
@@ -366,12 +475,15 @@ def main() -> None:
     cols = [c for c in rows[0] if c != "metric"]
     print("\n| metric | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
-    for row in rows[: len(KEYS)]:
-        print(f"| {row['metric']} | " + " | ".join(_fmt(row.get(c), "/" in c) for c in cols) + " |")
-    print(f"(pp/tg in tok/s, higher is better; seconds and GiB lower is better; first_prefill_s ="
-          f" the first {WARMUP_TOKENS}-token prefill after load, which pays for first-touch page faults"
+    for row in rows:
+        if row["metric"] in KEYS:
+            print(f"| {row['metric']} | " + " | ".join(_fmt(row.get(c), "/" in c) for c in cols) + " |")
+    print(f"(pp/tg in tok/s, higher is better; seconds and GiB lower is better; min-max over {args.reps} "
+          f"repetitions x {args.runs} runs; first_prefill_s = the first {WARMUP_TOKENS}-token prefill after load, "
+          "which pays for first-touch page faults"
           + ("; llama-bench reports no load time" if llama and llama.driver == "llama-bench" else "") + ")")
     rec["rows"] = rows
+    rec["machine"]["busy_runs"] = sum(r["busy"] for rs in results.values() for r in rs)
     record.write(rec, args.json)
 
 

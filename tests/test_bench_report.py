@@ -117,16 +117,38 @@ def test_vs_llamacpp_finds_llama_bench_beside_llama_server(tmp_path, monkeypatch
 
 
 def test_a_bench_run_emits_a_record_the_report_renders(tiny_gguf, tmp_path):
-    """decode_overhead on the tiny model (a few steps): the record it writes passes the checks and
-    becomes a section of the page."""
-    out = tmp_path / "decode_overhead-2026-01-01-test.json"
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "decode_overhead.py"), "-m", tiny_gguf, "-t", "1",
-                        "--steps", "3", "--ctx", "8", "--json", str(out)],
+    """decode_breakdown on the tiny model (a few steps, one mode): the record it writes passes the
+    checks, its parts add up to the step, and it becomes a section of the page."""
+    out = tmp_path / "decode_breakdown-2026-01-01-test.json"
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "decode_breakdown.py"), "-m", tiny_gguf, "-t", "1",
+                        "--modes", "exact", "--runs", "1", "--steps", "3", "--ctx", "8", "--json", str(out)],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("cpu: ")
     rec = json.loads(out.read_text())
-    assert record.check(rec) == [] and rec["source"] == "emitted by bench/decode_overhead.py"
-    assert len(rec["runs"]) == 3 and rec["rows"][0]["step_ms"] > 0
+    assert record.check(rec) == [] and rec["source"] == "emitted by bench/decode_breakdown.py"
+    parts = {row["part"]: row for row in rec["rows"]}
+    assert parts["MoE experts"]["MB/token"] > 0 and parts["output head"]["GB/s"] > 0
+    run = rec["runs"][0]["parts_s"]
+    assert sum(v for k, v in run.items() if k != "step") == pytest.approx(run["step"], rel=0.25)
     page = report.render_doc(report.load_records(str(tmp_path)), "# intro")
-    assert "## Python overhead of a decode step" in page and "emitted by bench/decode_overhead.py" in page
+    assert "## Where a decode step's time goes" in page and "emitted by bench/decode_breakdown.py" in page
+
+
+def test_vs_llamacpp_summary_takes_every_repetition_and_flags_busy_runs():
+    import vs_llamacpp
+
+    def run(tg: list[float], anon: float, busy: bool = False) -> dict:
+        return {"samples": {"tg64": tg}, "anon_gib": anon, "busy": busy, "tg_kernel_frac": 0.9,
+                "tg_weight_gbs": 20.0, "read_bw_gbs": 40.0}
+
+    results = {"hybridmoe": [run([9.0, 10.0], 1.0), run([11.0, 8.0], 1.2)],
+               "llama.cpp": [run([10.0, 12.0], 8.0, busy=True), run([6.0, 10.0], 9.0)]}
+    rows, lines = vs_llamacpp.summarize(results, ["hybridmoe", "llama.cpp"])
+    tg = next(r for r in rows if r["metric"] == "tg64")
+    assert tg["hybridmoe"] == 9.5 and tg["llama.cpp"] == 10.0 and tg["hybridmoe min-max"] == "8.00-11.00"
+    assert tg["hybridmoe / llama.cpp"] == pytest.approx(0.95)
+    assert tg["hybridmoe / llama.cpp, best"] == pytest.approx(11.0 / 12.0)
+    anon = next(r for r in rows if r["metric"] == "anon_gib")
+    assert anon["hybridmoe / llama.cpp, best"] == pytest.approx(1.0 / 8.0)  # memory: the lowest is the best
+    assert any("BUSY" in ln and "llama.cpp run 0" in ln for ln in lines)

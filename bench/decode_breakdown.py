@@ -1,0 +1,213 @@
+"""Where a decode step's time goes, part by part, in the exact and the `--fast-math` mode.
+
+    python bench/decode_breakdown.py -m FILE.gguf [-t 2] [--modes exact fast] [--steps 32] [--ctx 512]
+                                     [--runs 3] [--json out.json]
+
+Each mode runs in its own child process (its own memory, OMP settings as the CLI sets them),
+modes alternating over `--runs`. A child loads the model, prefills `--ctx` tokens, then times
+`--steps` one-token forwards with a timer around each part of every layer:
+
+  q/k/v GEMV, attention (rope, KV write, attention over the cache), attn_output GEMV, attention
+  block rest (norm, residual), router + norm + residual (the MoE block minus the experts), MoE
+  experts, output head GEMV, and the rest (embedding, final norm, Python, step bookkeeping).
+
+Per part: ms per token (median over steps, then over runs), share of the step, the bytes it reads
+per token (weights as the model holds them: Q4_0/Q5_0/IQ4_NL transcoded to Q8_0; the routed share
+k/E of the expert tensors; the KV cache for attention) and GB/s against the read bandwidth that
+the same child measured right after its steps. A timer costs ~0.2 us; the step time is measured
+with the timers on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import machine
+import record
+
+PARTS = ("q/k/v GEMV", "attention", "attn_output GEMV", "attention block rest", "router + norm + residual",
+         "MoE experts", "output head", "embedding, Python, rest")
+MODES = ("exact", "fast")
+
+
+class Timed:
+    """Stands in for a callable part of the model, adding the seconds of each call to `spent[part]`
+    and passing every other attribute through."""
+
+    def __init__(self, inner, part: str, spent: dict[str, float]):
+        self._inner, self._part, self._spent = inner, part, spent
+
+    def __call__(self, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return self._inner(*args, **kwargs)
+        finally:
+            self._spent[self._part] += time.perf_counter() - t
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+def held_bytes(mf, name: str) -> int:
+    """Bytes of a tensor as the CPU model holds it (the exactly-Q8_0 block types become Q8_0)."""
+    from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
+    from hybridmoe.quant.formats import Q8_0_EXACT_TYPES
+
+    info = mf.tensors[name]
+    if info.ggml_type in Q8_0_EXACT_TYPES:
+        block, size = BLOCK_SIZES[GGMLType.Q8_0]
+        return int(np.prod(info.ne)) // block * size
+    return info.nbytes
+
+
+def bytes_per_token(llm, cached: int) -> dict[str, float]:
+    """What each part reads for one decode token after `cached` tokens."""
+    from hybridmoe.models.gpt_oss import tensor_names
+
+    cfg, mf = llm.config, llm.file
+    out = dict.fromkeys(PARTS, 0.0)
+    kv_elem = llm.model.kv_dtype.itemsize
+    for i in range(cfg.n_layers):
+        names = tensor_names(cfg, i)
+        size = lambda key: held_bytes(mf, names[key]) if names[key] in mf.tensors else 0  # noqa: E731
+        out["q/k/v GEMV"] += sum(size(p) + size(p + "_bias") for p in ("q", "k", "v"))
+        out["attn_output GEMV"] += size("o") + size("o_bias")
+        span = min(cached, cfg.sliding_window) if cfg.layer_is_sliding(i) else cached
+        out["attention"] += 2 * cfg.n_kv_heads * cfg.head_dim * span * kv_elem
+        out["router + norm + residual"] += size("router") + size("router_bias")
+        experts = sum(size(k) for k in ("gate_exps", "up_exps", "gate_up_exps", "down_exps", "gate_exps_bias",
+                                        "up_exps_bias", "gate_up_exps_bias", "down_exps_bias"))
+        out["MoE experts"] += experts * cfg.n_experts_used / cfg.n_experts
+    out["output head"] = held_bytes(mf, "output.weight")
+    return out
+
+
+def instrument(model) -> dict[str, float]:
+    """Wraps every timed part of `model` in place; returns the seconds accumulator."""
+    spent = dict.fromkeys(PARTS + ("attention block", "MoE block"), 0.0)
+    for layer in model.layers:
+        attn, moe = layer.attention, layer.moe
+        attn.qkv = Timed(attn.qkv, "q/k/v GEMV", spent)
+        attn.attend = Timed(attn.attend, "attention", spent)
+        attn.o = Timed(attn.o, "attn_output GEMV", spent)
+        moe.experts = Timed(moe.experts, "MoE experts", spent)
+        layer.attention = Timed(attn, "attention block", spent)
+        layer.moe = Timed(moe, "MoE block", spent)
+    model.output = Timed(model.output, "output head", spent)
+    return spent
+
+
+def exclusive(spent: dict[str, float], step_s: float) -> dict[str, float]:
+    """Each part's own seconds: the blocks less the parts timed inside them, the step less all."""
+    own = {p: spent[p] for p in PARTS[:-1]}
+    own["attention block rest"] = spent["attention block"] - spent["q/k/v GEMV"] - spent["attention"] \
+        - spent["attn_output GEMV"]
+    own["router + norm + residual"] = spent["MoE block"] - spent["MoE experts"]
+    own["embedding, Python, rest"] = step_s - spent["attention block"] - spent["MoE block"] - spent["output head"]
+    return own
+
+
+def child(model_path: str, threads: int, mode: str, steps: int, ctx: int) -> dict:
+    from hybridmoe import LLM, ComputeSettings, ContextSettings
+    from hybridmoe.models.gpt_oss import SeqChunk
+
+    llm = LLM(model_path, compute=ComputeSettings(threads=threads, fast_math=mode == "fast"),
+              context=ContextSettings(ctx_size=ctx + steps + 8))
+    cache = llm.model.make_cache(ctx + steps + 8)
+    llm.prefill(cache, [(i * 7919) % 1000 + 10 for i in range(ctx)])
+    spent = instrument(llm.model)
+    per_step: list[dict[str, float]] = []
+    for i in range(steps + 1):  # the first step warms the timers' paths and is dropped
+        for k in spent:
+            spent[k] = 0.0
+        t = time.perf_counter()
+        llm.model.forward([SeqChunk(cache, [100 + i])])
+        step_s = time.perf_counter() - t
+        if i:
+            per_step.append({**exclusive(spent, step_s), "step": step_s})
+    bw, how = machine.read_bandwidth(threads)
+    return {"mode": mode, "parts_s": {k: statistics.median(s[k] for s in per_step) for k in (*PARTS, "step")},
+            "bytes": bytes_per_token(llm, ctx), "read_bw_gbs": bw, "read_bw_how": how}
+
+
+def run_child(args: argparse.Namespace, mode: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "-m", args.model, "-t", str(args.threads),
+           "--steps", str(args.steps), "--ctx", str(args.ctx)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise SystemExit(f"{mode} child failed (rc {r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def rows_for(results: list[dict], mode: str) -> list[dict]:
+    """Table rows of one mode: medians over its runs."""
+    runs = [r for r in results if r["mode"] == mode]
+    med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
+    step = med(lambda r: r["parts_s"]["step"])
+    bw = med(lambda r: r["read_bw_gbs"])
+    rows = []
+    for part in (*PARTS, "step"):
+        secs = med(lambda r: r["parts_s"][part])
+        nbytes = sum(runs[0]["bytes"].values()) if part == "step" else runs[0]["bytes"].get(part, 0.0)
+        gbs = nbytes / secs / 1e9 if nbytes and secs > 0 else None
+        rows.append({"mode": mode, "part": part, "ms/token": secs * 1e3, "share of step": secs / step,
+                     "MB/token": nbytes / 1e6 if nbytes else None, "GB/s": gbs,
+                     "share of read bw": gbs / bw if gbs else None})
+    rows.append({"mode": mode, "part": "tok/s", "ms/token": 1.0 / step})
+    rows.append({"mode": mode, "part": "read bandwidth (GB/s)", "ms/token": bw})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--ctx", type=int, default=512, help="tokens cached before the timed steps")
+    ap.add_argument("--runs", type=int, default=3, help="child runs per mode, modes alternating")
+    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    record.add_json_arg(ap)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.model, args.threads, args.child, args.steps, args.ctx)), flush=True)
+        return
+
+    print(machine.describe())
+    rec = record.new("decode_breakdown", {"model": os.path.basename(args.model), "threads": args.threads,
+                                          "steps": args.steps, "cached": args.ctx, "runs": args.runs,
+                                          "modes": args.modes})
+    results = []
+    for run in range(args.runs):
+        for mode in args.modes if run % 2 == 0 else args.modes[::-1]:
+            r = run_child(args, mode)
+            results.append(r)
+            rec["runs"].append({"run": run, **r})
+            print(f"run {run} {mode}: {1 / r['parts_s']['step']:.2f} tok/s, read bandwidth "
+                  f"{r['read_bw_gbs']:.1f} GB/s ({r['read_bw_how']})", flush=True)
+    rows = [row for mode in args.modes for row in rows_for(results, mode)]
+    print(f"\nmodel {args.model}  threads {args.threads}  cached {args.ctx}  steps {args.steps}  runs {args.runs}")
+    print(f"{'mode':6} {'part':28} {'ms/token':>9} {'share':>6} {'MB/token':>9} {'GB/s':>7} {'of bw':>6}")
+    for row in rows:
+        cells = [f"{row['mode']:6} {row['part']:28} {row['ms/token']:9.2f}"]
+        if "share of step" in row:
+            mb, gbs, of = row["MB/token"], row["GB/s"], row["share of read bw"]
+            cells.append(f"{row['share of step']:6.0%} " + (f"{mb:9.1f}" if mb else f"{'-':>9}")
+                         + (f" {gbs:7.1f} {of:6.0%}" if gbs else f" {'-':>7} {'-':>6}"))
+        print(" ".join(cells))
+    rec["rows"] = rows
+    record.write(rec, args.json)
+
+
+if __name__ == "__main__":
+    main()
