@@ -54,6 +54,10 @@ BENCHES = {
                          "One-token decode steps after a cached prompt, each part of every layer timed; GB/s of "
                          "the bytes each part reads per token against the read bandwidth the same child "
                          "measured. Medians over steps, then over runs (modes alternating)."),
+    "api_env": ("The Python API against the CLI", "bench/api_env.py",
+                "The same greedy generation through `hybridmoe generate` and through `LLM.generate` with "
+                "OMP_WAIT_POLICY unset, set to PASSIVE, and with torch imported first; fresh process each, "
+                "alternating."),
     "sampling": ("Choosing a token", "bench/sampling.py",
                  "`Sampler.sample` + `accept` per token on a random 201k-token logit row; median of the "
                  "runs' means."),
