@@ -29,6 +29,8 @@ import llguidance
 import numpy as np
 import torch
 
+from hybridmoe.engine.schema_refs import find_ref_loop
+
 # Limits on what one request may ask for, far above real structured-output schemas (OpenAI's own
 # limits are 5,000 properties, 1,000 enum values and 10 levels): they bound the matcher's build
 # time (~0.5 s at the limits on one core) and, for properties, the per-token mask cost.
@@ -158,10 +160,18 @@ def gbnf_spec(text: Any, param: str = "grammar", end_ids: tuple[int, ...] | None
 
 def compile_constraint(spec: ConstraintSpec, table: TokenTable) -> ConstraintSpec:
     """The spec with its matcher built; ConstraintError if llguidance refuses the grammar (an
-    unsupported keyword, a grammar over its size limits, a GBNF rule it cannot parse)."""
+    unsupported keyword, a grammar over its size limits, a GBNF rule it cannot parse) or if it
+    allows nothing at all at its start (GBNF `root ::= root`): the first mask is computed here, on
+    a copy, so that such a grammar is the request's error and not the engine's mid-generation."""
     matcher = llguidance.LLMatcher(table.ll, spec.grammar, log_level=0)
     if matcher.is_error():
         raise ConstraintError(f"{spec.param or 'grammar'}: {_short(matcher.get_error())}", spec.param)
+    first = matcher.deep_copy()
+    bits = np.zeros((table.n_vocab + 31) // 32, dtype=np.int32)
+    first.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    if first.is_error():
+        raise ConstraintError(f"{spec.param or 'grammar'}: no text can start it (a rule that only refers to "
+                              "itself, like `root ::= root`?)", spec.param)
     return replace(spec, matcher=matcher)
 
 
@@ -305,11 +315,19 @@ def check_schema(schema: Any, param: str) -> dict | bool:
     """A copy of the schema with shapes checked (ConstraintError naming the field for what JSON
     Schema forbids, e.g. `"required": [["a"]]`, `"maxItems": 1e400`), the limits above enforced,
     and two normalizations: tuple-form `items` becomes `prefixItems`, and an object with
-    `properties` but no `additionalProperties` admits no other keys (as llama.cpp's converter)."""
+    `properties` but no `additionalProperties` admits no other keys (as llama.cpp's converter).
+    A `$ref` loop that reads no input is refused too (`schema_refs.find_ref_loop`)."""
     if not isinstance(schema, (dict, bool)):
         raise ConstraintError(f"{param} must be a JSON object (a schema), got {_kind(schema)}", param)
     counts = {"nodes": 0, "properties": 0, "enum": 0}
-    return _check(schema, param, 0, counts)
+    checked = _check(schema, param, 0, counts)
+    loop = find_ref_loop(checked)
+    if loop is not None:  # llguidance would compile it and fail at the first mask that reaches it
+        where = f"{param}{loop.ref_at}.$ref"
+        around = " -> ".join(p.lstrip(".") or "the schema" for p in loop.path)
+        raise ConstraintError(f"{where}: a $ref loop that reads no input and has no way out ({around}); "
+                              "no JSON value matches it", where)
+    return checked
 
 
 def _kind(v: Any) -> str:
