@@ -392,22 +392,19 @@ inline int64_t q8x_elem(int64_t b, int j) {
 }
 inline float q8x_scale(const float* d, int64_t b) { return d[(b / 2) * 8 + (b % 2) * 4]; }
 
-inline int64_t packed_floats(int64_t M, int64_t K) { return (M + 7) / 8 * 8 * K; }
+// Enough for every ISA's pack_a: groups of 8 tokens (AVX2), 16 (AVX-512), plain rows (scalar).
+inline int64_t packed_floats(int64_t M, int64_t K) { return (M + 15) / 16 * 16 * K; }
 
-// Row-major copy: the packing of the ISAs whose gemm reads plain rows (scalar, AVX-512).
+// Row-major copy: the packing of the scalar set, whose gemm reads plain rows.
 inline void pack_rows(const float* const* rows, int64_t M, int64_t K, float* Ap) {
     for (int64_t m = 0; m < M; ++m) std::memcpy(Ap + m * K, rows[m], size_t(K) * sizeof(float));
 }
 
-// The AVX2 tile GEMM, shared by the AVX-512 set: 512-bit FMAs gain nothing on double-pumped
-// cores (Zen 4), and this one is exercised on every machine the tests run on.
+// AVX2 kernels the AVX-512 set shares (the fp32 tile GEMM and qgemm are its own: 16 tokens per
+// packed group).
 namespace avx2 {
-void pack_a(const float* const* rows, int64_t M, int64_t K, float* Ap);
-void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc);
 void gemv_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t K,
              const int8_t* const* xq, const float* const* xd, int nt, float* out, int64_t ldo);
-void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap, int64_t M,
-           float* C, int64_t ldc);
 void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
              const float* const* xd, int64_t M, float* C, int64_t ldc);
 void quantize_q8(const float* x, int64_t K, int8_t* q, float* d);

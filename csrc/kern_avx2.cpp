@@ -916,17 +916,9 @@ void swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float
 }  // namespace
 
 namespace avx2 {
-void pack_a(const float* const* rows, int64_t M, int64_t K, float* Ap) { hm::pack_a(rows, M, K, Ap); }
-void gemm(const float* Ap, int64_t M, const float* B, int64_t N, int64_t K, float* C, int64_t ldc) {
-    hm::gemm(Ap, M, B, N, K, C, ldc);
-}
 void gemv_q8(int fmt, const uint8_t* w, int64_t rb, int64_t n, int64_t K, const int8_t* const* xq,
              const float* const* xd, int nt, float* out, int64_t ldo) {
     hm::gemv_q8(fmt, w, rb, n, K, xq, xd, nt, out, ldo);
-}
-void qgemm(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* Ap, int64_t M,
-           float* C, int64_t ldc) {
-    hm::qgemm(fmt, w, row_bytes, N, K, Ap, M, C, ldc);
 }
 void gemm_q8(int fmt, const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const int8_t* const* xq,
              const float* const* xd, int64_t M, float* C, int64_t ldc) {
@@ -949,8 +941,8 @@ void swiglu(const float* g, const float* u, int64_t rows, int64_t n, const float
 // loads its activations, where the GEMM's register block reuses them).
 constexpr int kAvx2Mxfp4GemvMaxTokens = 14;
 
-const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, avx2::pack_a, avx2::gemm, avx2::gemv_q8,
-                                avx2::attn_group, avx2::qgemm, avx2::gemm_q8, avx2::quantize_q8,
+const KernelSet kAvx2Kernels = {"avx2", prep_x, gemv, decode, pack_a, gemm, avx2::gemv_q8,
+                                avx2::attn_group, qgemm, avx2::gemm_q8, avx2::quantize_q8,
                                 avx2::swiglu, avx2::quantize_q16, avx2::gemv_q16, quantize_x_d3, nullptr,
                                 kAvx2Mxfp4GemvMaxTokens};
 

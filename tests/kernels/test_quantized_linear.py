@@ -114,13 +114,14 @@ def test_each_format_has_its_own_fp32_crossover(isa, use_isa):
 
 @pytest.mark.parametrize("isa", isa_params())
 @pytest.mark.parametrize("t", TYPES)
-@pytest.mark.parametrize("T", [9, 17, 24])
+@pytest.mark.parametrize("T", [9, 17, 24, 40])
 def test_tile_gemm_k_blocks_with_a_tail(isa, t, T, use_isa):
-    """K = 704: the AVX2 GEMM's K blocking (320) runs two full blocks and a 64-wide tail, with an
-    odd count of 8-token groups (T=9, 17) and an even one (24); rows not a multiple of 6."""
+    """K = 704: the GEMMs' K blocking (AVX2 320, AVX-512 160) runs full blocks and a 64-wide tail;
+    T = 9 takes the few-token qgemm, 17-40 the GEMM with token groups in pairs and one left over
+    (AVX2 groups of 8, AVX-512 of 16); 71 rows: two row blocks, neither a whole number of panels."""
     use_isa(isa)
     rng = np.random.default_rng()
-    w = quantized(rng, 53, 704, t)
+    w = quantized(rng, 71, 704, t)
     x = torch.from_numpy(rng.standard_normal((T, 704), dtype=np.float32))
     K.set_gemv_max_tokens(0)  # force tile + GEMM
     y = K._linear(x, w, None, t)
