@@ -24,7 +24,7 @@ import torch
 import machine
 import record
 from hybridmoe.gguf.reader import open_model
-from hybridmoe.models.gpt_oss import GptOssConfig
+from hybridmoe.gpt_oss_config import GptOssConfig
 from hybridmoe.placement import PlacementOptions, make_plan
 from hybridmoe.placement.plan import Plan
 from hybridmoe.settings import PlacementSettings

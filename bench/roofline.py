@@ -56,7 +56,7 @@ def main() -> None:
     streams = [int(s) for s in args.streams.split(",")]
 
     from hybridmoe.gguf.reader import open_model
-    from hybridmoe.models.gpt_oss_config import GptOssConfig
+    from hybridmoe.gpt_oss_config import GptOssConfig
 
     mf = open_model(args.model)
     cfg = GptOssConfig.from_metadata(mf.metadata, args.model)

@@ -43,7 +43,7 @@ def main() -> None:
 
     import torch
 
-    from hybridmoe.engine import sampling
+    from hybridmoe.engine import sampler
 
     torch.set_num_threads(args.threads)
     logits = torch.randn(args.vocab, generator=torch.Generator().manual_seed(0)) * 3
@@ -51,16 +51,16 @@ def main() -> None:
     print(f"{'case':<52} {'ms/token':>9} {'runs':>24}")
     for name, (fields, chain) in CASES.items():
         try:
-            params = sampling.SamplingParams(seed=1, **fields)
+            params = sampler.SamplingParams(seed=1, **fields)
             if chain:
                 from hybridmoe.settings import SamplerSettings
 
-                params = sampling.SamplingParams(seed=1, **fields, chain=SamplerSettings(**chain))
+                params = sampler.SamplingParams(seed=1, **fields, chain=SamplerSettings(**chain))
         except (TypeError, ImportError):
             continue  # a version without these settings
         runs = []
         for _ in range(args.repeats):
-            s = sampling.Sampler(params, history=history) if chain else sampling.Sampler(params)
+            s = sampler.Sampler(params, history=history) if chain else sampler.Sampler(params)
             for _ in range(3):
                 s.sample(logits)
             t = time.perf_counter()

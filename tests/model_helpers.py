@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hybridmoe.models.device_options import DeviceOptions
-from hybridmoe.models.expert_backends import RoutedExperts, load_layer_experts, make_routed_experts
+from hybridmoe.models.routed_experts import RoutedExperts, load_layer_experts, make_routed_experts
 from hybridmoe.models.gpt_oss import SWIGLU_ALPHA, SWIGLU_LIMIT, GptOss, tensor_names
 from hybridmoe.models.experts_streamed import StreamCost
 

@@ -32,7 +32,7 @@ def test_distinct_experts_matches_simulated_routing(n_experts, top_k, streams):
 
 def test_step_bytes_counts_each_tensor_once(tiny_gguf):
     from hybridmoe.gguf.reader import open_model
-    from hybridmoe.models.gpt_oss_config import GptOssConfig
+    from hybridmoe.gpt_oss_config import GptOssConfig
 
     mf = open_model(tiny_gguf)
     cfg = GptOssConfig.from_metadata(mf.metadata)

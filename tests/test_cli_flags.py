@@ -168,7 +168,7 @@ def test_cli_reports_a_bad_setting_in_one_line(argv, where, capsys):
 
 def test_sampling_defaults_are_stated_once():
     from hybridmoe.engine.llm import LLM
-    from hybridmoe.engine.sampling import SamplingParams
+    from hybridmoe.engine.sampler import SamplingParams
 
     d = SAMPLING_DEFAULTS
     p = SamplingParams()
@@ -228,14 +228,14 @@ def test_unknown_cache_type_names_the_flag():
 @pytest.mark.parametrize("value,want", [("15043+1", (15043, 1.0)), ("15043-inf", (15043, float("-inf"))),
                                         ("7-0.5", (7, -0.5)), ("0+2e3", (0, 2000.0))])
 def test_logit_bias_flag_reads_llama_cpp_form(value, want):
-    from hybridmoe.settings.sampling import parse_logit_bias_flag
+    from hybridmoe.settings.sampling_defaults import parse_logit_bias_flag
 
     assert parse_logit_bias_flag(value) == want
 
 
 @pytest.mark.parametrize("value", ["abc", "15", "15+inf", "15*2", "-3+1", "15+nan", "15+"])
 def test_logit_bias_flag_refuses_other_forms(value):
-    from hybridmoe.settings.sampling import parse_logit_bias_flag
+    from hybridmoe.settings.sampling_defaults import parse_logit_bias_flag
 
     with pytest.raises(argparse.ArgumentTypeError):
         parse_logit_bias_flag(value)

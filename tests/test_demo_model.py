@@ -183,6 +183,7 @@ def test_training_prompts_are_what_the_server_renders(chat_format, meta):
     from hybridmoe.server.chat_checks import RenderPlan
     from hybridmoe.server.chat_render import ChatRenderer
     from hybridmoe.server.protocol import ChatMessage, Tool
+    from hybridmoe.tokenizer.formats import choose_format
 
     assert meta["tokenizer.chat_template"] == chat_format.TEMPLATE
     tok = Tokenizer.from_metadata(meta)
@@ -193,7 +194,8 @@ def test_training_prompts_are_what_the_server_renders(chat_format, meta):
                 {"role": "tool", "tool_call_id": "call_0", "content": "Ruth said, Don't urge me to leave you."}]
     tools = [chat_format.LOOKUP_VERSE_TOOL]
     ours = chat_format.render_prompt(messages, tools, "high", "2026-01-01")
-    renderer = ChatRenderer(meta["tokenizer.chat_template"], tok, {"current_date": "2026-01-01"}, "auto")
+    template = meta["tokenizer.chat_template"]
+    renderer = ChatRenderer(template, tok, {"current_date": "2026-01-01"}, "auto", choose_format(template, tok))
     served = renderer.render([ChatMessage.model_validate(m) for m in messages],
                              [Tool.model_validate(t) for t in tools], "high", None, RenderPlan(True, False)).prompt
     assert tok.encode(ours) == tok.encode(served)

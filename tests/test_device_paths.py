@@ -228,7 +228,7 @@ def test_dense_rejects_unknown_dtype(tiny_gguf):
 
 
 def test_device_options_from_the_plan(tiny_gguf):
-    from hybridmoe.models.gpt_oss import GptOssConfig
+    from hybridmoe.gpt_oss_config import GptOssConfig
     from hybridmoe.placement import PlacementOptions, make_plan
 
     mf = open_model(tiny_gguf)
@@ -328,7 +328,7 @@ def test_bf16_error_is_bounded(tiny_pair):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_logits_match_cpu(tiny_pair):
-    from hybridmoe.models.gpt_oss import GptOssConfig
+    from hybridmoe.gpt_oss_config import GptOssConfig
     from hybridmoe.placement import PlacementOptions, make_plan
 
     mf, ids, ref = tiny_pair
@@ -389,7 +389,7 @@ def test_device_dense_block_types_match_the_kernel(q4_k_m_gguf, name, held, dtyp
 
 
 def test_device_resident_block_type_experts_match_the_kernel(q4_k_m_gguf):
-    from hybridmoe.models.expert_backends import load_layer_experts, upload_experts
+    from hybridmoe.models.routed_experts import load_layer_experts, upload_experts
 
     mf = open_model(q4_k_m_gguf)
     cfg = GptOss(mf).config

@@ -13,7 +13,7 @@ import torch
 
 from hybridmoe.engine import constraints as C
 from hybridmoe.engine.constraints import ConstraintError, gbnf_spec
-from hybridmoe.engine.sampling import Sampler, SamplingParams
+from hybridmoe.engine.sampler import Sampler, SamplingParams
 from tests.constraint_helpers import VOCAB, constraint, feeds, random_logits
 
 GRAMMARS = Path(__file__).parent / "data" / "grammars"

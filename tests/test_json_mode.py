@@ -11,7 +11,7 @@ import torch
 
 from hybridmoe.engine import constraints as C
 from hybridmoe.engine.constraints import ConstraintError, check_schema, json_object_spec, json_schema_spec
-from hybridmoe.engine.sampling import Sampler, SamplingParams
+from hybridmoe.engine.sampler import Sampler, SamplingParams
 from tests.constraint_helpers import VOCAB, constraint, feeds, random_logits
 
 ANY_OBJECT = json_object_spec()

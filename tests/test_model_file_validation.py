@@ -14,7 +14,7 @@ import pytest
 
 from hybridmoe.gguf.reader import GGUFError, open_model
 from hybridmoe.gguf.writer import write_gguf
-from hybridmoe.models.gpt_oss_config import GptOssConfig
+from hybridmoe.gpt_oss_config import GptOssConfig
 from hybridmoe.placement.memory import fit_context, kv_cache_bytes
 from hybridmoe.synth import PRESETS, synth_metadata, synth_tensors
 from tests.damaged_files import NEW_TYPES, TARGET, T, cli_fails, model_with

@@ -15,7 +15,7 @@ import pytest
 
 from hybridmoe.gguf.reader import open_model
 from hybridmoe.gguf.writer import write_gguf
-from hybridmoe.models.gpt_oss_config import GptOssConfig
+from hybridmoe.gpt_oss_config import GptOssConfig
 from hybridmoe.placement import PlacementError, PlacementOptions, check_fits, make_plan
 from hybridmoe.placement import plan as plan_mod
 from hybridmoe.placement.report import format_plan
@@ -437,7 +437,7 @@ def test_check_fits_names_the_numbers(index):
 def test_model_runs_under_a_cpu_plan_with_identical_logits(tiny_gguf):
     # Every device is `cpu` here (no CUDA), so this checks that the model asks the plan only for
     # names it has, and that a plan-driven load computes the same logits as the default one.
-    from hybridmoe.models.gpt_oss import GptOss, GptOssConfig, SeqChunk
+    from hybridmoe.models.gpt_oss import GptOss, SeqChunk
 
     mf = open_model(tiny_gguf)
     cfg = GptOssConfig.from_metadata(mf.metadata)

@@ -8,15 +8,13 @@ and a rollback further than the ring's slack must go through a checkpoint.
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 import threading
 
 import pytest
 import torch
 
 from hybridmoe.engine.engine import CacheConfig, Engine, GenerationRequest
-from hybridmoe.engine.sampling import SamplingParams
+from hybridmoe.engine.sampler import SamplingParams
 from hybridmoe.engine.slot_files import SlotFileError
 from hybridmoe.models.kv_cache import CacheLayout, SequenceKVCache
 
@@ -29,7 +27,7 @@ def ids(n: int, seed: int, vocab: int = 1000) -> list[int]:
 
 
 def make_engine(llm, n_parallel: int = 1, ctx: int = 512, **cache) -> Engine:
-    return Engine(llm, n_parallel, ctx, max_queue=16, batch_size=64, cache=CacheConfig(**cache))
+    return Engine(llm.loaded, n_parallel, ctx, max_queue=16, batch_size=64, cache=CacheConfig(**cache))
 
 
 def run(engine: Engine, prompt: list[int], cache_prompt: bool = True):
@@ -216,7 +214,7 @@ def test_checkpoints_are_bounded(tiny_llm):
     run(eng, ids(600, 70))  # a checkpoint every 64 tokens: 9 made, the 3 latest kept
     slot = eng.status()["slots"][0]
     assert slot["n_checkpoints"] == 3
-    assert slot["checkpoint_bytes"] == 3 * eng.scheduler.slots[0].checkpoints[0].nbytes > 0
+    assert slot["checkpoint_bytes"] == 3 * eng.slots[0].checkpoints[0].nbytes > 0
 
 
 def _reference_can_roll_back(P: torch.Tensor, n: int, window: int) -> bool:
@@ -248,13 +246,6 @@ def test_window_arithmetic_matches_ring_contents(seed):
             assert kept in (n, 0)
 
 
-def test_scheduler_imports_no_torch():
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import hybridmoe.engine.scheduler, hybridmoe.engine.request\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-
-
 @pytest.mark.parametrize("case", ["in_window", "at_checkpoint", "before_checkpoint_end"])
 def test_from_the_prompt_cache_dir_after_a_restart(tiny_llm, conv, case, tmp_path):
     """serve --prompt-cache-dir: a slot's state and a RAM-cache entry written at shutdown come back
@@ -264,10 +255,10 @@ def test_from_the_prompt_cache_dir_after_a_restart(tiny_llm, conv, case, tmp_pat
     run(eng, first)
     other = ids(120, 9)
     run(eng, other)  # `first` goes to the RAM cache, `other` stays in the slot
-    n_files, n_bytes = eng.save_prompt_cache(str(tmp_path))
+    n_files, n_bytes = eng.persistence.save_prompt_cache(str(tmp_path))
     assert n_files == 2 and n_bytes == sum(p.stat().st_size for p in tmp_path.iterdir())
     restarted = make_engine(tiny_llm)
-    assert restarted.load_prompt_cache(str(tmp_path))[0] == 2
+    assert restarted.persistence.load_prompt_cache(str(tmp_path))[0] == 2
     out, cached = run(restarted, follow[case])
     assert cached == EXPECTED_KEEP[case]
     assert out == reference[case]
@@ -279,21 +270,21 @@ def test_the_prompt_cache_dir_keeps_what_fits(tiny_llm, conv, tmp_path, caplog):
     first, *_ = conv
     eng = make_engine(tiny_llm)
     run(eng, first)
-    assert eng.save_prompt_cache(str(tmp_path))[0] == 1
+    assert eng.persistence.save_prompt_cache(str(tmp_path))[0] == 1
     (saved,) = list(tmp_path.iterdir())
     run(eng, first[:100] + ids(30, 11))  # the first state goes to the RAM cache: two to keep
-    assert eng.save_prompt_cache(str(tmp_path))[0] == 2 and saved.exists()  # same tokens, same file
+    assert eng.persistence.save_prompt_cache(str(tmp_path))[0] == 2 and saved.exists()  # same tokens, same file
     # A state over the limit is not written, and files of states no longer kept go.
     small = make_engine(tiny_llm, cache_ram_bytes=1)
     run(small, first)
-    assert small.save_prompt_cache(str(tmp_path)) == (0, 0) and list(tmp_path.iterdir()) == []
+    assert small.persistence.save_prompt_cache(str(tmp_path)) == (0, 0) and list(tmp_path.iterdir()) == []
     # Files for another context or damaged ones are skipped, and said so.
-    eng.save_prompt_cache(str(tmp_path))
+    eng.persistence.save_prompt_cache(str(tmp_path))
     (tmp_path / ("0" * 24 + ".hmprompt")).write_bytes(b"junk")
     with caplog.at_level("WARNING"):
-        assert make_engine(tiny_llm, ctx=256).load_prompt_cache(str(tmp_path)) == (0, 0)
+        assert make_engine(tiny_llm, ctx=256).persistence.load_prompt_cache(str(tmp_path)) == (0, 0)
     assert "context size per slot" in caplog.text and "not a hybridmoe slot file" in caplog.text
-    assert make_engine(tiny_llm).load_prompt_cache(str(tmp_path / "absent")) == (0, 0)
+    assert make_engine(tiny_llm).persistence.load_prompt_cache(str(tmp_path / "absent")) == (0, 0)
 
 
 def test_choose_newest_first_without_prefixes_within_the_limit():
@@ -339,13 +330,13 @@ def test_a_file_of_another_setup_never_stands_in_for_a_state(tiny_llm, conv, tmp
     first, *_ = conv
     a = make_engine(tiny_llm)
     run(a, first)
-    a.save_prompt_cache(str(tmp_path))
+    a.persistence.save_prompt_cache(str(tmp_path))
     (old,) = list(tmp_path.iterdir())
     b = make_engine(tiny_llm, ctx=256)
     run(b, first)
-    assert b.save_prompt_cache(str(tmp_path))[1] > 0
+    assert b.persistence.save_prompt_cache(str(tmp_path))[1] > 0
     (new,) = list(tmp_path.iterdir())
-    assert new != old and make_engine(tiny_llm, ctx=256).load_prompt_cache(str(tmp_path))[0] == 1
+    assert new != old and make_engine(tiny_llm, ctx=256).persistence.load_prompt_cache(str(tmp_path))[0] == 1
 
 
 def test_slot_states_are_copied_only_to_be_written(tiny_llm, conv, tmp_path):
@@ -356,11 +347,11 @@ def test_slot_states_are_copied_only_to_be_written(tiny_llm, conv, tmp_path):
     first, *_ = conv
     eng = make_engine(tiny_llm)
     run(eng, first)
-    cache = eng.runner.cache(0)
+    cache = eng.slots[0].cache
     assert cache.snapshot_nbytes() == cache.snapshot(full_layers=True).nbytes
-    (state,) = eng.prompt_states()
+    (state,) = eng.persistence.prompt_states()
     assert state.snapshot is None and state.nbytes >= cache.snapshot_nbytes()
     run(eng, ids(40, 13))  # the slot moves on before the state is written
     assert state.take() is None
-    identity = eng._identity()
+    identity = eng.persistence.identity
     assert prompt_store.save(str(tmp_path), identity, [state], None) == (0, 0) and list(tmp_path.iterdir()) == []

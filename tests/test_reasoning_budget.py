@@ -60,7 +60,7 @@ def test_bad_budgets_are_refused():
 
 def test_the_engine_writes_the_close_on_a_real_model(tiny_llm, monkeypatch):
     from hybridmoe.engine.engine import Engine, GenerationRequest
-    from hybridmoe.engine.sampling import SamplingParams
+    from hybridmoe.engine.sampler import SamplingParams
     from tests.server.scripted_serve import script_request, scripted_sampling
 
     scripted_sampling(monkeypatch)
@@ -70,7 +70,7 @@ def test_the_engine_writes_the_close_on_a_real_model(tiny_llm, monkeypatch):
     start, end = enc("<|channel|>analysis<|message|>"), enc("<|end|>")
     forced = enc(" Enough thinking.") + end
     prompt = tiny_llm.tokenizer.encode("<|start|>user<|message|>Hi<|end|><|start|>assistant", allow_special=True)
-    engine = Engine(tiny_llm, 1, 256, max_queue=2)
+    engine = Engine(tiny_llm.loaded, 1, 256, max_queue=2)
     for budget in (5, 0):
         req = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=40),
                                 reasoning_budget=ReasoningBudget(start, end, forced, budget))
@@ -97,7 +97,7 @@ def test_end_now_closes_the_section_it_is_in():
 
 def test_the_engine_ends_the_thinking_when_asked(tiny_llm, monkeypatch):
     from hybridmoe.engine.engine import Engine, GenerationRequest
-    from hybridmoe.engine.sampling import SamplingParams
+    from hybridmoe.engine.sampler import SamplingParams
     from tests.server.scripted_serve import script_request, scripted_sampling
 
     scripted_sampling(monkeypatch)
@@ -106,7 +106,7 @@ def test_the_engine_ends_the_thinking_when_asked(tiny_llm, monkeypatch):
     end = tuple(tok.encode("<|end|>", allow_special=True))
     thinking = tok.encode(" a" * 40, allow_special=False)
     prompt = tok.encode("<|start|>user<|message|>Hi<|end|><|start|>assistant", allow_special=True)
-    engine = Engine(tiny_llm, 1, 256, max_queue=2)
+    engine = Engine(tiny_llm.loaded, 1, 256, max_queue=2)
     req = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=60),
                             reasoning_budget=ReasoningBudget(start, end, end, None))
     script_request(req.request_id, list(start) + thinking)

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from hybridmoe.engine.sampling import Sampler, SamplingParams
+from hybridmoe.engine.sampler import Sampler, SamplingParams
 from hybridmoe.settings import SamplerSettings
 
 
@@ -287,7 +287,7 @@ def test_top_p_on_a_big_vocabulary_matches_a_full_sort(p):
 
 @pytest.mark.parametrize("n", [7, 5000, 50_000, 201_088])
 def test_the_draw_follows_the_probabilities_and_never_picks_an_empty_token(n):
-    from hybridmoe.engine.samplers import pick
+    from hybridmoe.engine.sampler_steps import pick
 
     g = torch.Generator().manual_seed(n)
     hot = torch.randperm(n, generator=g)[:4]
@@ -302,7 +302,7 @@ def test_the_draw_follows_the_probabilities_and_never_picks_an_empty_token(n):
 def test_any_accepted_settings_sample_a_possible_token():
     """Random settings (edges included: zero, negative, tiny temperatures, huge min_keep, any
     order) on random logits: validate() refuses them, or every draw is a token the model allows."""
-    from hybridmoe.settings.sampling import SAMPLER_NAMES
+    from hybridmoe.settings.sampling_defaults import SAMPLER_NAMES
 
     rng = random.Random(5)
     drawn = 0

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hybridmoe.engine.sampling import Sampler, SamplingParams
+from hybridmoe.engine.sampler import Sampler, SamplingParams
 
 
 def _logits(seed=0, n=100):

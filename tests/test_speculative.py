@@ -147,8 +147,9 @@ def test_sequence_drafts_grow_and_count():
     assert d.propose(costs, 1, 3) == [1, 2, 3]  # the room caps the draft
     want = Acceptance()
     want.update(3, 2)
-    d.verified(2)
-    assert d.draft == [] and d.acceptance == want
+    drawn = iter([1, 2, 9])  # the sampler draws two draft tokens back, then another
+    assert d.verify([None] * 4, lambda i, row, proposed: next(drawn)) == 2
+    assert d.draft == [] and d.acceptance == want and (d.n_drafted, d.n_verifications) == (3, 1)
 
 
 # ---- the engine against plain decoding ---------------------------------------------------------------
@@ -203,8 +204,8 @@ def test_drafted_replies_equal_plain_decoding(plain, spec, monkeypatch, temperat
     # The slot's cache holds exactly the prompt and the reply's fed tokens: the next turn reuses it
     # and continues as a fresh engine does.
     engine = spec._engine
-    assert engine.scheduler.slots[0].tokens == PROMPT + ref.token_ids[:-1]
-    assert engine.runner.cache_length(0) == len(PROMPT) + len(ref.token_ids) - 1
+    assert engine.slots[0].tokens == PROMPT + ref.token_ids[:-1]
+    assert engine.slots[0].cache.length == len(PROMPT) + len(ref.token_ids) - 1
     follow = PROMPT + ref.token_ids[:150] + [7, 70, 700]
     monkeypatch.setattr(speculative, "ngram_draft", lambda *a, **k: np.zeros(0, dtype=np.int32))
     again = spec.generate(follow, max_tokens=20, temperature=0.0, ignore_eos=True)
@@ -245,7 +246,7 @@ def test_two_slots_drafting_in_one_step_match_plain_decoding(tiny_gguf, plain, m
     in one forward): each reply is its plain one, and a third, prompt-processing request shares
     the steps."""
     from hybridmoe.engine.engine import Engine, GenerationRequest
-    from hybridmoe.engine.sampling import SamplingParams
+    from hybridmoe.engine.sampler import SamplingParams
 
     prompts = [PROMPT, PROMPT[::-1] + [9, 9], list(range(200, 260))]
     params = [SamplingParams(temperature=0.0, max_tokens=90, ignore_eos=True),
@@ -265,7 +266,7 @@ def test_two_slots_drafting_in_one_step_match_plain_decoding(tiny_gguf, plain, m
     monkeypatch.setattr(speculative, "ngram_draft", oracle)
     monkeypatch.setattr(speculative, "best_draft_len", _longest_draft)
     llm = LLM(tiny_gguf, compute=ComputeSettings(threads=1), n_parallel=3)
-    engine = Engine(llm, 3, 512, max_queue=8, speculative=SpeculativeSettings(ngram=True, size_m=12))
+    engine = Engine(llm.loaded, 3, 512, max_queue=8, speculative=SpeculativeSettings(ngram=True, size_m=12))
     handles = [engine.submit(GenerationRequest(p, s)) for p, s in zip(prompts, params)]
     while not all(h.finished for h in handles):
         engine.step()
@@ -278,7 +279,7 @@ def test_two_slots_drafting_in_one_step_match_plain_decoding(tiny_gguf, plain, m
 
 def test_drafts_are_capped_only_while_other_streams_share_the_step(tiny_gguf, monkeypatch):
     from hybridmoe.engine.engine import Engine, GenerationRequest
-    from hybridmoe.engine.sampling import SamplingParams
+    from hybridmoe.engine.sampler import SamplingParams
 
     caps: list[tuple[int, float | None]] = []
 
@@ -289,7 +290,7 @@ def test_drafts_are_capped_only_while_other_streams_share_the_step(tiny_gguf, mo
     monkeypatch.setattr(speculative, "ngram_draft", lambda h, n, m, k=1: h[-3:])  # always a proposal
     monkeypatch.setattr(speculative, "best_draft_len", recorder)
     llm = LLM(tiny_gguf, compute=ComputeSettings(threads=1), n_parallel=2)
-    engine = Engine(llm, 2, 256, max_queue=4, speculative=SpeculativeSettings(ngram=True))
+    engine = Engine(llm.loaded, 2, 256, max_queue=4, speculative=SpeculativeSettings(ngram=True))
     alone = engine.submit(GenerationRequest(PROMPT, SamplingParams(temperature=0.0, max_tokens=6)))
     while not alone.finished:
         engine.step()

@@ -22,7 +22,7 @@ from hybridmoe import LLM, ComputeSettings
 from hybridmoe.cli import main
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.gguf.reader import open_model
-from hybridmoe.models.gpt_oss_config import GptOssConfig
+from hybridmoe.gpt_oss_config import GptOssConfig
 from hybridmoe.quant_mix import type_for
 from hybridmoe.synth import PRESETS, SYNTH_TYPES, _random_blocks, synth_metadata, write_synthetic
 

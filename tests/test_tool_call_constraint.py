@@ -16,7 +16,7 @@ from hybridmoe.engine.constraints import (
     token_table,
     tool_names_spec,
 )
-from hybridmoe.engine.sampling import Sampler, SamplingParams
+from hybridmoe.engine.sampler import Sampler, SamplingParams
 from hybridmoe.tokenizer import Tokenizer
 from hybridmoe.tokenizer.synthetic import make_vocab
 

@@ -15,7 +15,7 @@ import torch
 
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.gguf.writer import TensorSpec
-from hybridmoe.models.gpt_oss_config import (
+from hybridmoe.gpt_oss_config import (
     ARCH,
     DEFAULT_ROPE_ORIGINAL_CTX,
     DEFAULT_YARN_BETA_FAST,

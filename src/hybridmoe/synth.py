@@ -18,7 +18,7 @@ import numpy as np
 
 from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
 from hybridmoe.gguf.writer import TensorSpec, write_gguf
-from hybridmoe.models.gpt_oss_config import (
+from hybridmoe.gpt_oss_config import (
     ARCH,
     DEFAULT_YARN_BETA_FAST,
     DEFAULT_YARN_BETA_SLOW,

@@ -26,9 +26,9 @@ import torch
 
 from hybridmoe.engine import engine as engine_module
 from hybridmoe.engine.engine import GenerationRequest, RequestHandle
-from hybridmoe.engine.request import Sequence as EngineSequence
+from hybridmoe.engine.request import SequenceState as EngineSequence
 from hybridmoe.engine.runner import ModelRunner
-from hybridmoe.engine.sampling import Sampler, TokenLogprobs
+from hybridmoe.engine.sampler import Sampler, TokenLogprobs
 
 _lock = threading.Lock()
 _scripts: dict[str, list[int]] = {}  # request_id -> token ids emitted in place of sampled ones

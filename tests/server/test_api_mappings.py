@@ -7,13 +7,14 @@ import pytest
 
 from hybridmoe.server import messages_api, responses_api
 from hybridmoe.server.messages_api import MessagesInput, anthropic_error_body
-from hybridmoe.server.protocol import APIError, ChatCompletionRequest
+from hybridmoe.server.jobs import ChatJob
+from hybridmoe.server.protocol import APIError
 from hybridmoe.server.responses_api import ResponsesRequest, ResponseStore, parse_items
 from hybridmoe.tokenizer.chat_template import render_chat
 from hybridmoe.tokenizer.synthetic import harmony_template
 
 
-def render(chat: ChatCompletionRequest) -> str:
+def render(chat: ChatJob) -> str:
     tools = [t.model_dump(exclude_none=True) for t in chat.tools or ()] or None
     extra = {"reasoning_effort": chat.reasoning_effort} if chat.reasoning_effort else {}
     return render_chat(harmony_template(), [m.for_template() for m in chat.messages], tools=tools, extra_vars=extra)
@@ -29,7 +30,7 @@ def test_responses_items_render_as_the_harmony_turns_they_came_from():
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "c1", "output": "42"},
     ])
-    chat = responses_api._chat_request(req, [])
+    chat = responses_api.responses_job(req, [])
     assert [m.role for m in chat.messages] == ["system", "user", "assistant", "tool"]
     assert chat.reasoning_effort == "low"
     prompt = render(chat)
@@ -55,7 +56,7 @@ def test_responses_turns_split_at_each_answer():
                                              ("xhigh", "high"), (None, None)])
 def test_responses_effort(effort, expected):
     req = ResponsesRequest(input="x", reasoning={"effort": effort} if effort else None)
-    assert responses_api._chat_request(req, []).reasoning_effort == expected
+    assert responses_api.responses_job(req, []).reasoning_effort == expected
 
 
 def test_store_is_bounded_and_names_a_dropped_ancestor(monkeypatch):
@@ -100,7 +101,7 @@ def test_stores_sharing_a_responses_dir_continue_each_others_chains(tmp_path, mo
     ({"type": "adaptive"}, None), (None, None)])
 def test_messages_thinking_sets_the_effort(thinking, expected):
     req = MessagesInput(model="m", messages=[{"role": "user", "content": "x"}], thinking=thinking)
-    assert messages_api._chat_request(req, 8).reasoning_effort == expected
+    assert messages_api.messages_job(req, 8).reasoning_effort == expected
 
 
 def test_messages_blocks_become_chat_turns():
@@ -112,7 +113,7 @@ def test_messages_blocks_become_chat_turns():
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                                       "content": [{"type": "text", "text": "42"}], "is_error": True},
                                      {"type": "text", "text": "and?"}]}])
-    chat = messages_api._chat_request(req, 8)
+    chat = messages_api.messages_job(req, 8)
     assert [m.role for m in chat.messages] == ["system", "user", "assistant", "tool", "user"]
     assert chat.messages[3].content == "Error: 42" and chat.messages[3].tool_call_id == "t1"
     prompt = render(chat)

@@ -15,7 +15,7 @@ import uvicorn
 
 from hybridmoe.engine.engine import Engine
 from hybridmoe.server.app import ServerState, create_app
-from hybridmoe.server.serving import Serving, ServingConfig
+from hybridmoe.server.service import Service, ServiceConfig
 
 from .conftest import free_port
 
@@ -41,8 +41,8 @@ class InProcess:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-        if self.state.serving is not None:
-            self.state.serving.engine.close()
+        if self.state.service is not None:
+            self.state.service.engine.close()
 
     def conn(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
@@ -59,10 +59,10 @@ class InProcess:
 
 
 @pytest.fixture
-def make_serving(served_llm, served_model):
-    def make(n_parallel: int = 1, max_queue: int = 0) -> Serving:
-        engine = Engine(served_llm, n_parallel, 256, max_queue, batch_size=64).start()
-        return Serving(engine, ServingConfig(model_path=served_model))
+def make_service(served_llm, served_model):
+    def make(n_parallel: int = 1, max_queue: int = 0) -> Service:
+        engine = Engine(served_llm.loaded, n_parallel, 256, max_queue, batch_size=64).start()
+        return Service(engine, ServiceConfig(model_path=served_model))
 
     return make
 
@@ -80,9 +80,9 @@ def test_health_while_loading_and_after_failure():
         assert status == 503 and "bad magic" in body["error"]["message"]
 
 
-def test_full_queue_answers_503_then_recovers(make_serving):
-    state = ServerState(serving=make_serving(n_parallel=1, max_queue=0))
-    engine = state.serving.engine
+def test_full_queue_answers_503_then_recovers(make_service):
+    state = ServerState(service=make_service(n_parallel=1, max_queue=0))
+    engine = state.service.engine
     with InProcess(state) as srv:
         c = srv.conn()
         c.request("POST", "/v1/chat/completions", json.dumps(
@@ -103,9 +103,9 @@ def test_full_queue_answers_503_then_recovers(make_serving):
         assert srv.request("GET", "/slots?fail_on_no_slot=1")[0] == 200
 
 
-def test_non_stream_disconnect_frees_slot(make_serving, monkeypatch):
-    state = ServerState(serving=make_serving(n_parallel=1, max_queue=4))
-    engine = state.serving.engine
+def test_non_stream_disconnect_frees_slot(make_service, monkeypatch):
+    state = ServerState(service=make_service(n_parallel=1, max_queue=4))
+    engine = state.service.engine
     real_forward = engine.runner.model.forward
 
     def paced(chunks, all_logits=False):  # 5 ms a step: the token count measures detection latency
@@ -129,9 +129,9 @@ def test_non_stream_disconnect_frees_slot(make_serving, monkeypatch):
         assert engine.metrics.tokens_predicted_total < 115
 
 
-def test_model_failure_is_an_error_not_a_crash(make_serving, monkeypatch):
-    state = ServerState(serving=make_serving(n_parallel=2, max_queue=4))
-    model = state.serving.engine.runner.model
+def test_model_failure_is_an_error_not_a_crash(make_service, monkeypatch):
+    state = ServerState(service=make_service(n_parallel=2, max_queue=4))
+    model = state.service.engine.runner.model
     real_forward = model.forward
     calls = {"n": 0}
 
@@ -151,8 +151,8 @@ def test_model_failure_is_an_error_not_a_crash(make_serving, monkeypatch):
 
 def test_chat_template_file_overrides_the_gguf_template(served_llm, served_model):
     template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}<|start|>assistant"
-    engine = Engine(served_llm, 1, 256, 0).start()
-    state = ServerState(serving=Serving(engine, ServingConfig(model_path=served_model,
+    engine = Engine(served_llm.loaded, 1, 256, 0).start()
+    state = ServerState(service=Service(engine, ServiceConfig(model_path=served_model,
                                                                           chat_template=template)))
     with InProcess(state) as srv:
         status, body = srv.request("POST", "/apply-template", {"messages": MSGS})
@@ -162,8 +162,8 @@ def test_chat_template_file_overrides_the_gguf_template(served_llm, served_model
         assert body["usage"]["prompt_tokens"] == len(served_llm.tokenize("[user] Hello\n<|start|>assistant"))
 
 
-def test_several_api_keys_and_metrics_off(make_serving):
-    state = ServerState(api_keys=["k1", "k2"], serving=make_serving())  # metrics_enabled: False
+def test_several_api_keys_and_metrics_off(make_service):
+    state = ServerState(api_keys=["k1", "k2"], service=make_service())  # metrics_enabled: False
     with InProcess(state) as srv:
         assert srv.request("GET", "/v1/models")[0] == 401
         assert srv.request("GET", "/v1/models", headers={"Authorization": "Bearer k3"})[0] == 401
@@ -179,9 +179,9 @@ def test_several_api_keys_and_metrics_off(make_serving):
 def test_server_defaults_for_requests_that_leave_fields_out(served_llm, served_model):
     """--ignore-eos, --reasoning-effort and --no-cache-prompt set what a request leaves out; the
     request's own value wins, and a constrained request is never held past its end."""
-    engine = Engine(served_llm, 1, 256, 0, batch_size=64).start()
-    config = ServingConfig(model_path=served_model, ignore_eos=True, reasoning_effort="high", cache_prompt=False)
-    with InProcess(ServerState(serving=Serving(engine, config))) as srv:
+    engine = Engine(served_llm.loaded, 1, 256, 0, batch_size=64).start()
+    config = ServiceConfig(model_path=served_model, ignore_eos=True, reasoning_effort="high", cache_prompt=False)
+    with InProcess(ServerState(service=Service(engine, config))) as srv:
         _, r = srv.request("POST", "/completion", {"prompt": "Hello", "n_predict": 3})
         assert r["generation_settings"]["ignore_eos"] is True
         _, r = srv.request("POST", "/completion", {"prompt": "Hello", "n_predict": 3, "ignore_eos": False})

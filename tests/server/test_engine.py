@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from hybridmoe.engine.engine import Engine, GenerationRequest, QueueFullError
-from hybridmoe.engine.sampling import SamplingParams
+from hybridmoe.engine.sampler import SamplingParams
 
 from .scripted_serve import script_request, scripted_sampling
 
@@ -20,7 +20,7 @@ def llm(served_llm):
 
 @pytest.fixture
 def engine(llm):
-    eng = Engine(llm, n_parallel=3, ctx_size_per_slot=256, max_queue=4, batch_size=5).start()
+    eng = Engine(llm.loaded, n_parallel=3, ctx_size_per_slot=256, max_queue=4, batch_size=5).start()
     yield eng
     eng.close()
 
@@ -88,7 +88,7 @@ def test_cancel_frees_slot(llm, engine):
 
 
 def test_queue_full_is_refused(llm):
-    eng = Engine(llm, n_parallel=1, ctx_size_per_slot=256, max_queue=1, batch_size=64)  # not started
+    eng = Engine(llm.loaded, n_parallel=1, ctx_size_per_slot=256, max_queue=1, batch_size=64)  # not started
     p = prompts(llm, 1)[0]
     eng.submit(GenerationRequest(p, greedy(4)))  # takes the (free) slot
     eng.submit(GenerationRequest(p, greedy(4)))  # waits
@@ -145,7 +145,6 @@ def test_length_limit_and_concurrent_submitters(llm, engine):
 
 
 def test_cache_allocation_failure_fails_only_that_request(llm, monkeypatch):
-    eng = Engine(llm, n_parallel=1, ctx_size_per_slot=256, max_queue=4, batch_size=64).start()
     real = llm.model.make_cache
     calls = {"n": 0}
 
@@ -156,6 +155,7 @@ def test_cache_allocation_failure_fails_only_that_request(llm, monkeypatch):
         return real(max_ctx)
 
     monkeypatch.setattr(llm.model, "make_cache", failing_once)
+    eng = Engine(llm.loaded, n_parallel=1, ctx_size_per_slot=256, max_queue=4, batch_size=64).start()
     p = prompts(llm, 1)[0]
     first = list(eng.submit(GenerationRequest(p, greedy(3))))
     assert first[-1].finish_reason == "error" and "no room" in first[-1].error

@@ -14,8 +14,8 @@ import pytest
 from hybridmoe.engine.constraints import json_schema_spec
 from hybridmoe.server import responses_api, responses_tools
 from hybridmoe.server.lark_regex import NotRegular, lark_to_regex
-from hybridmoe.server.output_blocks import Block
-from hybridmoe.server.responses_api import ResponsesRequest, _call_item
+from hybridmoe.server.reply import Block
+from hybridmoe.server.responses_api import ResponsesRequest, call_item
 from hybridmoe.server.responses_tools import CustomTool, ToolMap, freeform_input, input_pattern
 from tests.constraint_helpers import feeds
 from tests.server.test_api_mappings import render
@@ -39,7 +39,7 @@ def test_a_namespace_is_offered_as_its_functions_and_hosted_tools_are_left_out()
     assert not any(n == "multi_agent_v1" or "web_search" in n for n in names)
     assert names["multi_agent_v1__close_agent"]["description"].startswith("Tools for spawning and managing sub-agents.")
     assert req.tool_map().dropped == ["web_search"]
-    prompt = render(responses_api._chat_request(req, []))
+    prompt = render(responses_api.responses_job(req, []))
     assert "type multi_agent_v1__close_agent = (_: {" in prompt and "web_search" not in prompt
 
 
@@ -58,13 +58,13 @@ def test_a_freeform_tool_is_offered_as_one_string_held_to_its_grammar():
 def test_codexs_resent_history_renders_as_the_model_wrote_it():
     """store: false: reasoning (with our encrypted_content), the custom tool call, a call to a
     name the request did not declare, and both outputs come back as input items."""
-    prompt = render(responses_api._chat_request(codex_request("apply_patch_followup_request.json"), []))
+    prompt = render(responses_api.responses_job(codex_request("apply_patch_followup_request.json"), []))
     call = ("<|start|>assistant<|channel|>commentary to=functions.apply_patch <|constrain|>json<|message|>"
             + json.dumps({"input": PATCH}) + "<|call|>")
     assert "<|channel|>analysis<|message|>I will write the file.<|end|>" + call in prompt
     assert "<|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>Exit code: 0" in prompt
     assert "to=functions.multi_agent_v1__close_agent <|constrain|>json<|message|>" in prompt
-    prompt = render(responses_api._chat_request(codex_request("namespace_followup_request.json"), []))
+    prompt = render(responses_api.responses_job(codex_request("namespace_followup_request.json"), []))
     assert ("to=functions.multi_agent_v1__close_agent <|constrain|>json<|message|>{\"target\": \"nobody\"}<|call|>"
             "<|start|>functions.multi_agent_v1__close_agent to=assistant") in prompt
 
@@ -75,16 +75,16 @@ def call(name: str, arguments: str) -> Block:
 
 def test_calls_come_back_in_the_shape_codex_routes():
     tools = codex_request("exec_first_request.json").tool_map()
-    item = _call_item(tools.route("multi_agent_v1__close_agent"), call("x", '{"target": "a"}'), "r_1", "completed",
+    item = call_item(tools.route("multi_agent_v1__close_agent"), call("x", '{"target": "a"}'), "r_1", "completed",
                       True)
     assert (item["type"], item["name"], item["namespace"], item["arguments"]) == \
         ("function_call", "close_agent", "multi_agent_v1", '{"target": "a"}')
     assert tools.route("close_agent").namespace == "multi_agent_v1"  # its bare name is unique: Codex's resolution
-    plain = _call_item(tools.route("exec_command"), call("exec_command", "{}"), "r_1", "completed", True)
+    plain = call_item(tools.route("exec_command"), call("exec_command", "{}"), "r_1", "completed", True)
     assert "namespace" not in plain and plain["id"].startswith("fc_")
     assert tools.route("nope") == responses_tools.Route("function", "nope")  # undeclared: the client answers it
     tools = codex_request("apply_patch_followup_request.json").tool_map()
-    item = _call_item(tools.route("apply_patch"), call("apply_patch", json.dumps({"input": PATCH})), "r_1",
+    item = call_item(tools.route("apply_patch"), call("apply_patch", json.dumps({"input": PATCH})), "r_1",
                       "completed", True)
     assert (item["type"], item["name"], item["input"], item["id"][:4]) == \
         ("custom_tool_call", "apply_patch", PATCH, "ctc_")
@@ -129,7 +129,7 @@ def test_additional_tools_items_declare_tools_and_redeclaring_replaces():
     tools = req.tool_map()
     assert [t.function.name for t in tools.offered] == ["exec"]  # the default namespace adds no prefix
     assert tools.route("exec") == responses_tools.Route("custom", "exec", "functions")
-    chat = responses_api._chat_request(req, [])
+    chat = responses_api.responses_job(req, [])
     assert [m.role for m in chat.messages] == ["user"]
 
 
@@ -157,6 +157,6 @@ def test_tool_choice_may_name_a_freeform_or_namespaced_tool():
     req = ResponsesRequest(input="Hi", tools=[{"type": "custom", "name": "apply_patch"}, {
         "type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f"}]}],
         tool_choice={"type": "custom", "name": "apply_patch"})
-    assert responses_api._chat_request(req, []).forced_tool() == "apply_patch"
+    assert responses_api.responses_job(req, []).forced_tool == "apply_patch"
     req = req.model_copy(update={"tool_choice": {"type": "function", "name": "f", "namespace": "ns"}})
-    assert responses_api._chat_request(req, []).forced_tool() == "ns__f"
+    assert responses_api.responses_job(req, []).forced_tool == "ns__f"

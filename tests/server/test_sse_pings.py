@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hybridmoe.server.event_streams import SSE_PING, with_pings
+from hybridmoe.server.generation import SSE_PING, with_pings
 
 
 def _collect(stream) -> list[str]:

@@ -56,7 +56,7 @@ def options_from_args(args: argparse.Namespace) -> PlacementOptions:
 
 def run(args: argparse.Namespace) -> int:
     from hybridmoe.gguf.reader import GGUFError, open_model
-    from hybridmoe.models.gpt_oss_config import GptOssConfig
+    from hybridmoe.gpt_oss_config import GptOssConfig
 
     try:
         options = options_from_args(args)

@@ -259,12 +259,12 @@ class EngineLife:
             self.keeper = Keeper(engine, self.cache_dir).start()
 
     def stop(self) -> None:
-        if self.state.serving is None or self._stopped.is_set():
+        if self.state.service is None or self._stopped.is_set():
             return
         self._stopped.set()
         if self.keeper is not None:
             self.keeper.close()
-        self.state.serving.engine.close()
+        self.state.service.engine.close()
         if self.keeper is None:
             return
         t0 = time.perf_counter()
@@ -280,7 +280,7 @@ class EngineLife:
 def _model_path(args: argparse.Namespace) -> tuple[str, bool]:
     """(path, is_random): -hf's cached file (it wins over -m, as in llama-server), the given file,
     the bundled demo, or a synthetic tiny model made once."""
-    from hybridmoe.gguf.validate import check_regular_file
+    from hybridmoe.gguf.reader import check_regular_file
 
     try:
         path = model_file(args)
@@ -312,7 +312,7 @@ def _preflight(args: argparse.Namespace, path: str, load: LoadSettings) -> None:
     value) checked before the port is bound and before torch is imported: a damaged file fails in
     one line (GGUFError / ValueError)."""
     from hybridmoe.gguf.reader import open_model
-    from hybridmoe.models.gpt_oss_config import GptOssConfig
+    from hybridmoe.gpt_oss_config import GptOssConfig
     from hybridmoe.quant.check import check_tensors_logged
     from hybridmoe.server.limits import check_template_kwargs
 
@@ -343,29 +343,29 @@ def _chat_template(args: argparse.Namespace) -> str | None:
 
 def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: Any, server: Any,
           started: Callable[[Any], None]) -> None:
-    """Model loading thread: LLM -> Engine -> Serving, then /health turns 200. On failure the
+    """Model loading thread: load_model -> Engine -> Service, then /health turns 200. On failure the
     server stops and `serve` exits 1, as llama-server does (no half-alive process)."""
     from hybridmoe.engine.engine import Engine
-    from hybridmoe.engine.llm import LLM
-    from hybridmoe.server.serving import Serving, ServingConfig
+    from hybridmoe.models.load import ModelSettings, load_model
+    from hybridmoe.server.service import Service, ServiceConfig
 
     s = settings
     try:
         n_parallel = s.parallel.n_parallel
-        llm = LLM(path, compute=s.compute, placement=s.placement, context=s.context, n_parallel=n_parallel,
-                  mlock=args.mlock or LOAD_MODES[args.load_mode][0])
-        per_slot = llm.ctx_size // n_parallel
+        loaded = load_model(path, ModelSettings(s.compute, s.placement, s.context, n_parallel,
+                                                mlock=args.mlock or LOAD_MODES[args.load_mode][0]))
+        per_slot = loaded.ctx_size // n_parallel
         if args.swa_full:
-            llm.model.use_full_swa_cache()
-        engine = Engine(llm, n_parallel, per_slot, s.limits.max_queue, batch_size=s.context.step_tokens,
+            loaded.model.use_full_swa_cache()
+        engine = Engine(loaded, n_parallel, per_slot, s.limits.max_queue, batch_size=s.context.step_tokens,
                         cache=_cache_config(s.prompt_cache), speculative=s.speculative)
         if s.prompt_cache.cache_dir:
-            n, nbytes = engine.load_prompt_cache(s.prompt_cache.cache_dir)
+            n, nbytes = engine.persistence.load_prompt_cache(s.prompt_cache.cache_dir)
             log.info("prompt cache: %d cached prompts (%.0f MiB) read from %s", n, nbytes / 2**20,
                      s.prompt_cache.cache_dir)
         engine.start()
         started(engine)
-        config = ServingConfig(
+        config = ServiceConfig(
             model_path=path,
             alias=args.alias or args.hf_repo,  # llama-server names an -hf model by its repository
             tags=[t.strip() for t in (args.tags or "").split(",") if t.strip()],
@@ -384,7 +384,7 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
             cache_prompt=args.cache_prompt,
             reasoning_budget_message=args.reasoning_budget_message,
         )
-        state.serving = Serving(engine, config)
+        state.service = Service(engine, config)
         log.info("model loaded: %s (%d slots x %d tokens of context)", path, n_parallel, per_slot)
     except Exception as e:
         log.debug("load failure", exc_info=True)

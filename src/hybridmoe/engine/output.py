@@ -4,11 +4,11 @@ events and counters. The one place these rules live (the server and `LLM.generat
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hybridmoe.engine.request import EngineEvent, Sequence, Usage
+from hybridmoe.engine.request import EngineEvent, SequenceState, Usage
 from hybridmoe.tokenizer.tokenizer import IncrementalDecoder
 
 
@@ -25,13 +25,27 @@ class Metrics:
     n_busy_slots_total: int = 0
     requests_total: int = 0
     requests_rejected_total: int = 0
-    n_tokens_max: int = 0
+    max_step_tokens: int = 0  # the most tokens one model step has held (not llama-server's n_tokens_max)
     n_draft_tokens_total: int = 0  # speculative decoding: tokens drafted, kept, verification steps
     n_draft_accepted_total: int = 0
     n_drafts_total: int = 0
 
+    def step(self, n_sequences: int, n_tokens: int, n_prompt_tokens: int, seconds: float) -> None:
+        """One model step; its time is shared between prompt and generated tokens by their count."""
+        self.n_decode_total += 1
+        self.n_busy_slots_total += n_sequences
+        self.max_step_tokens = max(self.max_step_tokens, n_tokens)
+        self.prompt_tokens_total += n_prompt_tokens
+        self.prompt_seconds_total += seconds * n_prompt_tokens / n_tokens
+        self.tokens_predicted_seconds_total += seconds * (n_tokens - n_prompt_tokens) / n_tokens
 
-def safe_prefix_len(text: str, stops: Seq[str]) -> int:
+    def verification(self, n_drafted: int, n_accepted: int) -> None:
+        self.n_draft_tokens_total += n_drafted
+        self.n_draft_accepted_total += n_accepted
+        self.n_drafts_total += 1
+
+
+def safe_prefix_len(text: str, stops: Sequence[str]) -> int:
     """Length of `text` that cannot be the start of a stop string (the rest is held back)."""
     keep = len(text)
     for s in stops:
@@ -42,13 +56,13 @@ def safe_prefix_len(text: str, stops: Seq[str]) -> int:
     return keep
 
 
-def find_stop(text: str, stops: Seq[str]) -> int | None:
+def find_stop(text: str, stops: Sequence[str]) -> int | None:
     """Index of the earliest stop string in `text`, or None (empty stop strings never match)."""
     hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
     return min(hits) if hits else None
 
 
-def timings(seq: Sequence) -> dict[str, float]:
+def timings(seq: SequenceState) -> dict[str, float]:
     """llama-server's `timings` object for one request."""
     now = time.perf_counter()
     t_first = seq.t_first or now
@@ -75,11 +89,11 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.metrics = metrics
 
-    def start(self, seq: Sequence) -> None:
+    def start(self, seq: SequenceState) -> None:
         seq.decoder = IncrementalDecoder(self.tokenizer)
         self.metrics.cached_tokens_total += seq.n_cached
 
-    def on_token(self, seq: Sequence, token: int, lp: Any, room_left: bool) -> str | None:
+    def on_token(self, seq: SequenceState, token: int, lp: Any, room_left: bool) -> str | None:
         """Emit what `token` adds; returns the finish reason when it ends the request."""
         if seq.t_first is None:
             seq.t_first = time.perf_counter()
@@ -95,6 +109,7 @@ class OutputProcessor:
         seq.line = piece.rsplit("\n", 1)[1] if "\n" in piece else seq.line + piece
         hit = find_stop(seq.held, req.stop)
         if hit is not None:
+            seq.stop_word = next(s for s in req.stop if s and seq.held.startswith(s, hit))
             seq.held = seq.held[:hit]
             self._emit(seq, token, lp, final=True)
             return "stop"
@@ -113,7 +128,7 @@ class OutputProcessor:
         self._emit(seq, token, lp, final=False)
         return None
 
-    def _emit(self, seq: Sequence, token: int, lp: Any, final: bool) -> None:
+    def _emit(self, seq: SequenceState, token: int, lp: Any, final: bool) -> None:
         n = len(seq.held) if final else safe_prefix_len(seq.held, seq.request.stop)
         text, seq.held = seq.held[:n], seq.held[n:]
         is_stop_token = token in seq.stop_ids
@@ -121,7 +136,8 @@ class OutputProcessor:
             live = timings(seq) if seq.request.timings_per_token else None  # llama-server's timings_per_token
             seq.sink.push(EngineEvent(token_id=None if is_stop_token else token, text=text, logprob=lp, timings=live))
 
-    def finish(self, seq: Sequence, reason: str, stop_token_id: int | None = None, error: str | None = None) -> None:
+    def finish(self, seq: SequenceState, reason: str, stop_token_id: int | None = None,
+               error: str | None = None) -> None:
         usage = Usage(len(seq.prompt), seq.n_generated, seq.n_cached)
-        seq.sink.push(EngineEvent(finish_reason=reason, stop_token_id=stop_token_id, timings=timings(seq),
-                                  usage=usage, error=error))
+        seq.sink.push(EngineEvent(finish_reason=reason, stop_token_id=stop_token_id, stop_word=seq.stop_word,
+                                  timings=timings(seq), usage=usage, error=error))

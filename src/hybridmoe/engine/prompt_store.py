@@ -86,7 +86,7 @@ def save(directory: str, identity: dict[str, Any], states: list[Kept], limit: in
             snap = s.snapshot if s.snapshot is not None else s.take() if s.take is not None else None
             if snap is None:
                 continue  # the slot went on to another state: the next save has it
-            written += slot_files.save(path, identity, slot_files.SlotState(s.tokens, snap, s.checkpoints))
+            written += slot_files.save(path, identity, slot_files.SavedSlot(s.tokens, snap, s.checkpoints))
         kept.add(name)
     for name in os.listdir(directory):
         if name.endswith(SUFFIX) and name not in kept:
@@ -138,7 +138,7 @@ class Keeper:
         """Write what changed now; (files kept, bytes written)."""
         with self._lock:
             version = self.engine.states_changed
-            out = self.engine.save_prompt_cache(self.directory)
+            out = self.engine.persistence.save_prompt_cache(self.directory)
             self._saved_at = version
             return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -13,14 +13,14 @@ if TYPE_CHECKING:
     from hybridmoe.engine.constraints import ConstraintSpec, ToolCallSpecs
     from hybridmoe.engine.dry import Breakers
     from hybridmoe.engine.reasoning_budget import ReasoningBudget
-    from hybridmoe.engine.sampling import SamplingParams, TokenLogprobs
+    from hybridmoe.engine.sampler import SamplingParams, TokenLogprobs
 
 
 @dataclass
 class GenerationRequest:
     prompt_ids: list[int]
     params: SamplingParams
-    stop: Seq[str] = ()
+    stop: Sequence[str] = ()
     logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token's logprob + top k
     constraint: ConstraintSpec | None = None  # grammar / JSON schema the output must match
     tool_calls: ToolCallSpecs | None = None  # without `constraint`: each call's arguments follow its function's schema
@@ -33,21 +33,6 @@ class GenerationRequest:
     reasoning_budget: ReasoningBudget | None = None  # llama-server's: thinking tokens allowed, then forced closed
     timings_per_token: bool = False  # llama-server's: every token event carries the timings so far
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the server says about the model (/v1/models, /props, templates), as plain data."""
-
-    path: str
-    chat_template: str | None
-    vocab_size: int
-    n_ctx_train: int
-    n_embd: int
-    n_params: int
-    size_bytes: int
-    vocab_type: int | None = None  # llama.cpp's number for tokenizer.ggml.model (gpt2 BPE: 2)
-    ftype: str | None = None  # llama.cpp's name for general.file_type ("MXFP4 MoE"), when known
 
 
 @dataclass
@@ -66,12 +51,13 @@ class EngineEvent:
     logprob: TokenLogprobs | None = None
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
     stop_token_id: int | None = None  # the end-of-generation id that ended it (not in the text)
+    stop_word: str | None = None  # the stop string that ended it (cut from the text)
     timings: dict[str, float] | None = None
     usage: Usage | None = None
     error: str | None = None
 
 
-class Sequence:
+class SequenceState:
     """One request inside the engine: where its prompt stands and what it has produced.
 
     The scheduler moves `pending` and `next_token`; the runner fills `sampler`/`constraint` and
@@ -85,13 +71,14 @@ class Sequence:
         self.n_generated = 0
         self.n_cached = 0
         self.slot_id: int | None = None
-        self.sampler: Any = None  # engine.sampling.Sampler, set by the runner at admission
+        self.sampler: Any = None  # engine.sampler.Sampler, set by the runner at admission
         self.constraint: Any = None  # engine.constraints.GrammarConstraint or None
         self.stop_ids: frozenset[int] = frozenset()
         self.drafts: Any = None  # engine.speculative.SequenceDrafts when speculative decoding is on
         self.budget: Any = None  # engine.reasoning_budget.BudgetState when the request has a reasoning budget
         self.decoder: Any = None  # tokenizer.IncrementalDecoder, set by the output processor
         self.held = ""  # decoded text not yet emitted (stop-string hold-back)
+        self.stop_word: str | None = None  # the stop string found in the text, once one is
         self.t_start = time.perf_counter()
         self.t_first: float | None = None
         self.saw_newline = False  # the reply has written a newline (t_max_predict_ms waits for one)

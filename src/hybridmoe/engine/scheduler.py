@@ -1,7 +1,8 @@
 """The scheduler: which request runs on which slot, what it reuses, which tokens go into a step.
 
-Plain Python over token lists and byte counts (no torch): KV states appear only as opaque handles
-(`data`) that the runner makes and consumes. Reuse comes from three places, best first:
+Plain Python over token lists and byte counts (no torch): it reads slots through `SlotView` and
+asks them to act (engine.slot.Slot does, holding the KV cache; the tests' fakes do with lists), and
+KV states appear only as opaque handles (`data`). Reuse comes from three places, best first:
   - a slot's live state, rolled back to the shared prefix when its sliding-window ring allows;
   - a checkpoint of the ring layers taken at the end of each prompt (and every
     `checkpoint_every` tokens inside a long one), for prompts that diverge further back;
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from hybridmoe.engine.request import Sequence
+from hybridmoe.engine.request import SequenceState
 from hybridmoe.models.kv_window import WindowGeometry
 
 MIN_SAVED_TOKENS = 16  # shorter states are cheaper to recompute than to keep
@@ -39,20 +40,6 @@ class Checkpoint:
     ring_lo: int
     nbytes: int
     data: Any
-
-
-@dataclass
-class SlotState:
-    id: int
-    tokens: list[int] = field(default_factory=list)  # ids whose KV the slot's cache holds
-    ring_lo: int = 0
-    checkpoints: list[Checkpoint] = field(default_factory=list)
-    seq: Sequence | None = None
-    last_used: float = 0.0
-
-    @property
-    def checkpoint_bytes(self) -> int:
-        return sum(c.nbytes for c in self.checkpoints)
 
 
 @dataclass(eq=False)  # identity: the data are tensors
@@ -86,7 +73,7 @@ class PromptCache:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.entries)
 
-    def covers(self, tokens: Seq[int]) -> bool:
+    def covers(self, tokens: Sequence[int]) -> bool:
         """Some entry already holds `tokens` as a prefix (saving them again would add nothing)."""
         n = len(tokens)
         return any(len(e.tokens) >= n and e.tokens[:n] == list(tokens) for e in self.entries)
@@ -122,10 +109,38 @@ class Reuse:
     checkpoint: Checkpoint | None = None  # then this checkpoint (of the slot or of the entry)
 
 
+class SlotView(Protocol):
+    """What the scheduler reads of a slot and asks of it (engine.slot.Slot holds its KV cache too).
+
+    `tokens` are the ids whose KV the slot holds; `ring_lo` the lowest position its sliding-window
+    ring still holds; `checkpoints` ring states at earlier lengths, oldest first."""
+
+    id: int
+    tokens: list[int]
+    checkpoints: list[Checkpoint]
+    seq: SequenceState | None
+    last_used: float
+
+    @property
+    def ring_lo(self) -> int: ...
+
+    def cached_prompt(self) -> CachedPrompt:
+        """The whole state and its checkpoints as a RAM-cache entry (a copy)."""
+        ...
+
+    def reuse(self, reuse: Reuse) -> int:
+        """Hold `reuse.keep` tokens of the chosen state; returns the tokens held."""
+        ...
+
+    def add_checkpoint(self) -> None:
+        """Keep the ring's state at the current length (the oldest go past the limit)."""
+        ...
+
+
 @dataclass
 class Admission:
-    seq: Sequence
-    slot: SlotState
+    seq: SequenceState
+    slot: SlotView
     reuse: Reuse
     save_first: bool  # move the slot's current state to the RAM cache before it is overwritten
 
@@ -134,14 +149,14 @@ class Admission:
 class StepPlan:
     """One model step: per sequence the tokens to feed (decoding sequences first)."""
 
-    batch: list[tuple[Sequence, list[int]]]
+    batch: list[tuple[SequenceState, list[int]]]
 
     @property
     def n_tokens(self) -> int:
         return sum(len(t) for _, t in self.batch)
 
 
-def common_prefix(a: Seq[int], b: Seq[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -166,40 +181,41 @@ def best_reuse(tokens: list[int], ring_lo: int, checkpoints: list[Checkpoint], p
 class Scheduler:
     """Slots, the waiting queue and the RAM prompt cache; owned by the engine thread."""
 
-    def __init__(self, n_slots: int, batch_size: int, geometry: WindowGeometry, config: CacheConfig) -> None:
-        self.slots = [SlotState(i) for i in range(n_slots)]
-        self.waiting: collections.deque[Sequence] = collections.deque()
+    def __init__(self, slots: Sequence[SlotView], batch_size: int, geometry: WindowGeometry,
+                 config: CacheConfig) -> None:
+        self.slots = slots
+        self.waiting: collections.deque[SequenceState] = collections.deque()
         self.batch_size = batch_size
         self.geometry = geometry
         self.config = config
         self.prompt_cache = PromptCache(config.cache_ram_bytes)
 
     # ---- admission ------------------------------------------------------------------------------
-    def free_slots(self) -> list[SlotState]:
+    def free_slots(self) -> list[SlotView]:
         return [s for s in self.slots if s.seq is None]
 
-    def running(self) -> list[Sequence]:
+    def running(self) -> list[SequenceState]:
         return [s.seq for s in self.slots if s.seq is not None]
 
     def admit(self) -> list[Admission]:
         """Place waiting sequences on free slots, choosing the most reuse (FIFO order). One that
         asks for a slot (llama-server's id_slot) waits for that slot; the ones behind it go on."""
         out: list[Admission] = []
-        still: collections.deque[Sequence] = collections.deque()
+        still: collections.deque[SequenceState] = collections.deque()
         while self.waiting:
             seq = self.waiting.popleft()
             wanted = seq.request.id_slot
             if not self.free_slots() or (wanted >= 0 and self.slots[wanted].seq is not None):
                 still.append(seq)
                 continue
-            adm = self._place(seq)
+            adm = self._choose(seq)
             adm.slot.seq = seq
             seq.slot_id = adm.slot.id
             out.append(adm)
         self.waiting = still
         return out
 
-    def _place(self, seq: Sequence) -> Admission:
+    def _choose(self, seq: SequenceState) -> Admission:
         wanted = seq.request.id_slot
         free = [self.slots[wanted]] if wanted >= 0 else self.free_slots()
         prompt = seq.prompt
@@ -219,28 +235,20 @@ class Scheduler:
         kept_of_slot = 0 if reuse.entry is not None else reuse.keep
         return Admission(seq, slot, reuse, self._worth_saving(slot, kept_of_slot))
 
-    def _worth_saving(self, slot: SlotState, kept: int) -> bool:
+    def _worth_saving(self, slot: SlotView, kept: int) -> bool:
         lost = len(slot.tokens) - kept
         return (self.prompt_cache.enabled and lost > 0 and len(slot.tokens) >= MIN_SAVED_TOKENS
                 and not self.prompt_cache.covers(slot.tokens))
 
-    def save_slot(self, slot: SlotState, data: Any, state_bytes: int) -> None:
-        """Move the slot's state (made by the runner) and its checkpoints to the RAM cache."""
-        self.prompt_cache.put(CachedPrompt(list(slot.tokens), slot.ring_lo, state_bytes, data,
-                                           list(slot.checkpoints)))
-
-    def loaded(self, adm: Admission, kept: int) -> None:
-        """The runner has put the admission's state in its slot, `kept` tokens long."""
+    def load(self, adm: Admission) -> None:
+        """Carry an admission out: the slot's old state to the RAM cache when worth keeping, the
+        reused prefix into the slot, and the rest of the prompt left to feed."""
         slot, seq, r = adm.slot, adm.seq, adm.reuse
+        if adm.save_first:
+            self.prompt_cache.put(slot.cached_prompt())
+        kept = slot.reuse(r)
         if r.entry is not None:
             self.prompt_cache.take(r.entry)
-            slot.tokens, slot.ring_lo, slot.checkpoints = list(r.entry.tokens), r.entry.ring_lo, list(r.entry.checkpoints)
-        if r.checkpoint is not None:
-            slot.ring_lo = r.checkpoint.ring_lo
-            slot.tokens = slot.tokens[: r.checkpoint.pos]
-        del slot.tokens[kept:]
-        slot.ring_lo = 0 if kept == 0 else slot.ring_lo
-        slot.checkpoints = [c for c in slot.checkpoints if c.pos <= kept]
         seq.n_cached = kept
         seq.pending = list(seq.prompt[kept:])
 
@@ -248,7 +256,7 @@ class Scheduler:
     def plan_step(self) -> StepPlan:
         """Decode tokens first (one per decoding sequence, with its speculative draft), then
         prompt chunks up to the budget."""
-        batch: list[tuple[Sequence, list[int]]] = []
+        batch: list[tuple[SequenceState, list[int]]] = []
         for seq in self.running():
             if not seq.pending and seq.next_token is not None:
                 draft = seq.drafts.draft if seq.drafts is not None else []
@@ -261,29 +269,22 @@ class Scheduler:
                 batch.append((seq, part))
         return StepPlan(batch)
 
-    def fed(self, seq: Sequence, tokens: list[int]) -> bool:
-        """Record tokens fed to the sequence's slot; True when a checkpoint should be taken now:
-        the prompt has just been processed, or a long prompt has gone `checkpoint_every` further."""
-        slot = self.slots[seq.slot_id]
-        slot.tokens.extend(tokens)
-        slot.ring_lo = self.geometry.lo_after(slot.ring_lo, len(slot.tokens))
+    def fed(self, seq: SequenceState, tokens: list[int]) -> None:
+        """The step has written `tokens` into the sequence's slot: move its prompt on, and take a
+        checkpoint when the prompt is done or a long one has gone `checkpoint_every` further."""
         if not seq.pending:
             seq.next_token = None
-            return False
+            return
         del seq.pending[: len(tokens)]
         if self.geometry.window == 0 or self.config.ctx_checkpoints <= 0:
-            return False
-        last = max((c.pos for c in slot.checkpoints), default=0)
-        done = not seq.pending
-        return len(slot.tokens) > last and (done or len(slot.tokens) - last >= self.config.checkpoint_every)
-
-    def rolled_back(self, seq: Sequence, n: int) -> None:
-        """The slot's cache was cut back to its first n tokens (a rejected draft's tail)."""
+            return
         slot = self.slots[seq.slot_id]
-        del slot.tokens[n:]
-        slot.checkpoints = [c for c in slot.checkpoints if c.pos <= n]
+        last = max((c.pos for c in slot.checkpoints), default=0)
+        n = len(slot.tokens)
+        if n > last and (not seq.pending or n - last >= self.config.checkpoint_every):
+            slot.add_checkpoint()
 
-    def draft_room(self, seq: Sequence, ctx_size: int) -> int:
+    def draft_room(self, seq: SequenceState, ctx_size: int) -> int:
         """Most draft tokens the sequence's next step may carry: the context (one token kept
         free, as llama-server does), and a rollback its sliding-window ring can always undo."""
         slot = self.slots[seq.slot_id]
@@ -293,32 +294,15 @@ class Scheduler:
             room = min(room, self.geometry.ring - self.geometry.window)
         return max(0, room)
 
-    def add_checkpoint(self, slot: SlotState, data: Any, nbytes: int) -> None:
-        slot.checkpoints.append(Checkpoint(len(slot.tokens), slot.ring_lo, nbytes, data))
-        while len(slot.checkpoints) > self.config.ctx_checkpoints:
-            slot.checkpoints.pop(0)
-
-    def restored(self, slot: SlotState, tokens: list[int], ring_lo: int, checkpoints: list[tuple[Any, int]]) -> None:
-        """A slot file's state is now in the slot; `checkpoints` are (snapshot, nbytes) pairs."""
-        slot.tokens, slot.ring_lo, slot.checkpoints = list(tokens), ring_lo, []
-        for data, nbytes in checkpoints:
-            if data.length <= len(tokens):
-                slot.checkpoints.append(Checkpoint(data.length, data.ring_lo, nbytes, data))
-        del slot.checkpoints[: max(0, len(slot.checkpoints) - self.config.ctx_checkpoints)]
-
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: SequenceState) -> None:
         slot = self.slots[seq.slot_id]
         slot.seq = None
         slot.last_used = time.monotonic()
 
-    def forget(self, slot: SlotState) -> None:
-        """The slot's cache is gone or unreliable (a failed step, an erase): nothing to reuse."""
-        slot.tokens, slot.ring_lo, slot.checkpoints = [], 0, []
-
     # ---- reporting --------------------------------------------------------------------------------
     def memory(self) -> dict[str, int]:
         return {
-            "checkpoint_bytes": sum(s.checkpoint_bytes for s in self.slots),
+            "checkpoint_bytes": sum(c.nbytes for s in self.slots for c in s.checkpoints),
             "n_checkpoints": sum(len(s.checkpoints) for s in self.slots),
             "prompt_cache_bytes": self.prompt_cache.nbytes,
             "prompt_cache_entries": len(self.prompt_cache.entries),

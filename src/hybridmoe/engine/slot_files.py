@@ -36,7 +36,9 @@ class SlotFileError(ValueError):
 
 
 @dataclass
-class SlotState:
+class SavedSlot:
+    """A slot's state as a file holds it: the tokens, their KV state and its checkpoints."""
+
     tokens: list[int]
     snapshot: KVSnapshot
     checkpoints: list[KVSnapshot]
@@ -72,7 +74,7 @@ def _describe(snap: KVSnapshot) -> dict[str, Any]:
                         for t in _tensors(snap)]}
 
 
-def save(path: str, identity: dict[str, Any], state: SlotState) -> int:
+def save(path: str, identity: dict[str, Any], state: SavedSlot) -> int:
     """Write the file (through a temporary name, so a crash leaves no half file); returns bytes."""
     snaps = [state.snapshot, *state.checkpoints]
     payload = [t.contiguous().view(torch.uint8).numpy().reshape(-1) for s in snaps for t in _tensors(s) if t is not None]
@@ -94,7 +96,7 @@ def save(path: str, identity: dict[str, Any], state: SlotState) -> int:
     return len(MAGIC) + 4 + len(raw) + header["payload_bytes"]
 
 
-def load(path: str, identity: dict[str, Any]) -> tuple[SlotState, int]:
+def load(path: str, identity: dict[str, Any]) -> tuple[SavedSlot, int]:
     """Read and check a file; returns the state and the bytes read. Raises SlotFileError."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
@@ -140,7 +142,7 @@ def load(path: str, identity: dict[str, Any]) -> tuple[SlotState, int]:
     tokens = header.get("tokens")
     if not isinstance(tokens, list) or len(tokens) != main.length or not all(isinstance(t, int) for t in tokens):
         raise SlotFileError(f"{os.path.basename(path)}: token list does not match the state length")
-    return SlotState(tokens, main, cks), size
+    return SavedSlot(tokens, main, cks), size
 
 
 def _read_header(f: BinaryIO, path: str) -> dict[str, Any]:

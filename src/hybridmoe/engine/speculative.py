@@ -15,14 +15,19 @@ from the step times this engine measured (`StepCosts`) and the sequence's recent
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hybridmoe.settings.speculative import SpeculativeSettings
 
+if TYPE_CHECKING:
+    from hybridmoe.engine.scheduler import Scheduler
+
 __all__ = ["SHARED_STEP_STRETCH", "Acceptance", "SequenceDrafts", "SpeculativeSettings", "StepCosts", "best_draft_len",
-           "ngram_draft"]
+           "ngram_draft", "propose_drafts"]
 
 # With other streams in the step, drafts may stretch it at most this much: they wait for every
 # step, so one stream's long draft must not stall them (llama-server drafts regardless).
@@ -147,6 +152,13 @@ class SequenceDrafts:
     n_accepted: int = 0
     n_verifications: int = 0
 
+    @classmethod
+    def for_prompt(cls, settings: SpeculativeSettings, prompt: list[int]) -> SequenceDrafts:
+        """A sequence's drafts, its history starting with the prompt."""
+        drafts = cls(settings)
+        drafts.extend(prompt)
+        return drafts
+
     def extend(self, ids: list[int]) -> None:
         need = self.n_tokens + len(ids)
         if need > len(self.tokens):
@@ -156,9 +168,12 @@ class SequenceDrafts:
         self.tokens[self.n_tokens : need] = ids
         self.n_tokens = need
 
-    def sampled(self, token: int) -> None:
-        """A reply token was sampled: record it, and score the unfed proposal against it."""
+    def sampled(self, token: int, proposed: int | None = None) -> None:
+        """A reply token was sampled (`proposed`: the draft's token for its position): record it,
+        count it when the draft had it, and score the unfed proposal against it."""
         self.extend([token])
+        if token == proposed:
+            self.n_accepted += 1
         if not self.shadow:
             return
         hit = token == self.shadow[0]
@@ -181,9 +196,35 @@ class SequenceDrafts:
             self.shadow = found.tolist()
         return self.draft
 
-    def verified(self, n_kept: int) -> None:
-        """The step fed the draft; its first `n_kept` tokens were sampled back (the engine keeps
-        the counters, so they are current when a request ends inside a draft)."""
-        if self.draft:
-            self.acceptance.update(len(self.draft), n_kept)
+    def verify(self, rows: Sequence[Any], sample: Callable[[int, Any, int | None], int | None]) -> int:
+        """Sample each row of a step that fed the draft, `sample(i, row, proposed)` giving the token
+        drawn (None: the request ended), until one differs from the draft; returns the draft tokens
+        kept. The engine counts accepted tokens as they are sampled, so the counters are current
+        when a request ends inside a draft."""
+        draft, kept = self.draft, 0
+        self.n_drafted += len(draft)
+        self.n_verifications += 1
+        for i, row in enumerate(rows):
+            proposed = draft[i] if i < len(draft) else None
+            token = sample(i, row, proposed)
+            if token is None or proposed is None or token != proposed:
+                break
+            kept += 1
+        if draft:
+            self.acceptance.update(len(draft), kept)
         self.draft = []
+        return kept
+
+
+def propose_drafts(scheduler: Scheduler, costs: StepCosts, ctx_size: int) -> None:
+    """Each decoding sequence's draft for the next step, cut to what the measured costs make pay
+    and to the room its context and sliding-window ring leave."""
+    running = scheduler.running()
+    decoding = [s for s in running if not s.pending and s.next_token is not None]
+    base = len(decoding) + min(scheduler.batch_size, sum(len(s.pending) for s in running))
+    shared = base > 1 and costs.known()  # others wait for this step: bound its stretch
+    cap = SHARED_STEP_STRETCH * costs.estimate(base) if shared else None
+    for seq in decoding:
+        left = seq.request.params.max_tokens - seq.n_generated - 1  # the sampled token is counted
+        room = min(scheduler.draft_room(seq, ctx_size), left)
+        base += len(seq.drafts.propose(costs, base, room, cap))

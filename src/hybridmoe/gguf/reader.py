@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -225,12 +226,36 @@ def _value_type(cur: _Cursor, vtype: int, what: str) -> GGUFValueType:
         raise cur.fail(f"{what}: unknown metadata value type {vtype}") from None
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_regular_file(path: str | os.PathLike) -> None:
+    """GGUFError unless `path` is a regular file (links followed). Checked with stat, never by
+    opening: opening a FIFO blocks and a device reads forever."""
+    p = os.fspath(path)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise GGUFError(f"{p}: model file not found") from None
+    except OSError as e:
+        raise GGUFError(f"{p}: cannot open: {e.strerror or e}") from None
+    for test, kind in _KINDS:
+        if test(mode):
+            raise GGUFError(f"{p}: is {kind}, not a GGUF model file")
+    if not stat.S_ISREG(mode):
+        raise GGUFError(f"{p}: is not a regular file")
+
+
 class GGUFFile:
     """One GGUF file: parsed header + a read-only memmap of the whole file."""
 
     def __init__(self, path: str | os.PathLike, file_index: int = 0) -> None:
-        from hybridmoe.gguf.validate import check_regular_file  # validate imports GGUFError from here
-
         self.path = os.fspath(path)
         self.file_index = file_index
         check_regular_file(self.path)

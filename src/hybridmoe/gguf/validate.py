@@ -1,4 +1,4 @@
-"""Checks on a model path and on the metadata values a model reads, before anything is allocated.
+"""Checks on the metadata values a model reads, before anything is allocated.
 
 Every failure is a `GGUFError` whose message names the file, the key and the offending value, so
 `serve` / `generate` can print it as one line.
@@ -7,37 +7,10 @@ Every failure is a `GGUFError` whose message names the file, the key and the off
 from __future__ import annotations
 
 import math
-import os
-import stat
 from collections.abc import Mapping
 from typing import Any
 
 from hybridmoe.gguf.reader import GGUFError
-
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def check_regular_file(path: str | os.PathLike) -> None:
-    """GGUFError unless `path` is a regular file (links followed). Checked with stat, never by
-    opening: opening a FIFO blocks and a device reads forever."""
-    p = os.fspath(path)
-    try:
-        mode = os.stat(p).st_mode
-    except FileNotFoundError:
-        raise GGUFError(f"{p}: model file not found") from None
-    except OSError as e:
-        raise GGUFError(f"{p}: cannot open: {e.strerror or e}") from None
-    for test, kind in _KINDS:
-        if test(mode):
-            raise GGUFError(f"{p}: is {kind}, not a GGUF model file")
-    if not stat.S_ISREG(mode):
-        raise GGUFError(f"{p}: is not a regular file")
 
 
 class MetadataValues:

@@ -6,7 +6,7 @@ RMSNorm -> router top-k then softmax over the k -> clamped SwiGLU experts with b
 residual. Final RMSNorm and an untied output head. See docs/gpt-oss.md.
 
 Where each part runs (C kernels on the mmap, torch on an accelerator, experts streamed) is
-decided once at load: the routed experts' backend by expert_backends.load_routed_experts from
+decided once at load: the routed experts' backend by routed_experts.load_routed_experts from
 the placement, the attention's by attention.pick_attention.
 """
 
@@ -19,19 +19,19 @@ import torch
 
 from hybridmoe import kernels
 from hybridmoe.gguf.reader import ModelFile
+from hybridmoe.gpt_oss_config import ARCH, SWIGLU_ALPHA, SWIGLU_LIMIT, GptOssConfig
 from hybridmoe.models.attention import kv_dtype_for, pick_attention
 from hybridmoe.models.device_options import DeviceOptions
-from hybridmoe.models.expert_backends import RoutedExperts, load_routed_experts
-from hybridmoe.models.gpt_oss_config import ARCH, SWIGLU_ALPHA, SWIGLU_LIMIT, GptOssConfig
 from hybridmoe.models.kv_cache import CacheLayout, SequenceKVCache
 from hybridmoe.models.layers import RopeTable, rms_norm, yarn_inv_freq
 from hybridmoe.models.loader import AllOn, Placement, WeightLoader
+from hybridmoe.models.routed_experts import RoutedExperts, load_routed_experts
 from hybridmoe.models.step import SeqChunk, StepBatch
 from hybridmoe.models.weights import qkv_projection
 from hybridmoe.placement.plan import Plan
 from hybridmoe.quant.torch_dequant import dequantize_torch
 
-__all__ = ["ARCH", "GptOss", "GptOssConfig", "SeqChunk"]
+__all__ = ["ARCH", "GptOss", "SeqChunk"]
 
 
 def tensor_names(cfg: GptOssConfig, layer: int) -> dict[str, str]:

@@ -27,6 +27,12 @@ class CacheLayout:
     dtype: torch.dtype = torch.float32
     slack: int = 64
 
+    def geometry(self, max_ctx: int) -> WindowGeometry:
+        """The ring rule of a cache of `max_ctx` positions (window 0: no sliding layers)."""
+        if not any(self.sliding):
+            return WindowGeometry(0, 0)
+        return WindowGeometry(self.window, min(max_ctx, self.window + self.slack))
+
 
 @dataclass
 class KVSnapshot:
@@ -78,9 +84,7 @@ class SequenceKVCache:
 
     @property
     def geometry(self) -> WindowGeometry:
-        has_ring = any(self.layout.sliding)
-        ring = min(self.max_ctx, self.layout.window + self.layout.slack)
-        return WindowGeometry(self.layout.window if has_ring else 0, ring if has_ring else 0)
+        return self.layout.geometry(self.max_ctx)
 
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, pos0: int

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hybridmoe.models.gpt_oss_config import GptOssConfig
+from hybridmoe.gpt_oss_config import GptOssConfig
 
 GIB = 1 << 30
 MIB = 1 << 20

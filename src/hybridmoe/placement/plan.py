@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hybridmoe.gguf.constants import GGMLType
-from hybridmoe.models.gpt_oss_config import GptOssConfig
+from hybridmoe.gpt_oss_config import GptOssConfig
 from hybridmoe.quant.formats import Q8_0_EXACT_TYPES
 from hybridmoe.placement.expert_backends import expert_backend, experts_device
 from hybridmoe.placement.memory import (

@@ -1,6 +1,8 @@
-"""FastAPI routes only: parse, call `Serving`, answer JSON / SSE / OpenAI error objects.
+"""The app: middleware (API key, CORS, body guard, --api-prefix), error shapes, and the wiring
+of each API module's routes (server/chat_completions.py, completions.py, native_completion.py,
+responses_api.py, messages_api.py, tokenize_api.py, admin_api.py) to the live `Service`.
 
-The app exists before the model is loaded: until `state.serving` is set, /health answers 503
+The app exists before the model is loaded: until `state.service` is set, /health answers 503
 "Loading model" and every other endpoint 503 as well.
 """
 
@@ -8,38 +10,34 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hybridmoe.server import messages_api, responses_api
-from hybridmoe.server.messages_api import MessagesInput, MessagesRequest, anthropic_error_body
-from hybridmoe.server.guards import BodyGuard, HeadAsGet
-from hybridmoe.server.loads import loads as engine_loads
-from hybridmoe.server.limits import DEFAULT_MAX_BODY_BYTES
-from hybridmoe.server.protocol import (
-    APIError,
-    ApplyTemplateRequest,
-    ChatCompletionRequest,
-    CompletionRequest,
-    ControlRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
+from hybridmoe.server import (
+    admin_api,
+    chat_completions,
+    completions,
+    messages_api,
+    native_completion,
+    responses_api,
+    tokenize_api,
 )
 from hybridmoe.server.cors import CorsConfig, CorsMiddleware
-from hybridmoe.server.event_streams import with_pings
-from hybridmoe.server.native_api import register_routes as register_native_routes
-from hybridmoe.server.response_files import ResponseFiles
-from hybridmoe.server.responses_api import ResponsesRequest, ResponseStore
-from hybridmoe.server.serving import Serving
+from hybridmoe.server.guards import BodyGuard, HeadAsGet
+from hybridmoe.server.limits import DEFAULT_MAX_BODY_BYTES
+from hybridmoe.server.messages_api import anthropic_error_body
+from hybridmoe.server.protocol import APIError
+from hybridmoe.server.service import Service
 from hybridmoe.server.webui_routes import WEBUI_PUBLIC_PATHS, add_webui_routes
+from hybridmoe.server.wiring import Wiring
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +53,7 @@ class ServerState:
     metrics_enabled: bool = False
     slots_enabled: bool = True  # --no-slots: /slots answers 501
     cors: CorsConfig = field(default_factory=CorsConfig)
-    serving: Serving | None = None
+    service: Service | None = None
     load_error: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     sse_ping_interval: float = 30.0  # --sse-ping-interval: seconds of silence before a stream pings (<= 0: never)
@@ -177,132 +175,23 @@ def create_app(state: ServerState) -> FastAPI:
         return _error(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"),
                       request.url.path)
 
-    def respond(result: dict[str, Any] | AsyncIterator[str], req: Any = None) -> Any:
-        """A JSON answer as is; a stream as SSE with pings (the request's sse_ping_interval, else
-        the server's)."""
-        if isinstance(result, dict):
-            return result
-        own = getattr(req, "sse_ping_interval", None)
-        return sse_response(result, state.sse_ping_interval if own is None else own)
-
-    def serving() -> Serving:
-        if state.serving is None:
+    def service() -> Service:
+        if state.service is None:
             if state.load_error:
                 raise APIError(503, f"model failed to load: {state.load_error}", type="unavailable_error")
             raise APIError(503, "Loading model", type="unavailable_error")
-        return state.serving
+        return state.service
 
     @app.get("/health")
     @app.get("/v1/health")
     async def health() -> Any:
-        serving()
+        service()
         return {"status": "ok"}
 
-    @app.get("/v1/models")
-    @app.get("/models")
-    async def models() -> Any:
-        return serving().models()
-
-    @app.post("/v1/chat/completions/control")
-    async def chat_control(req: ControlRequest) -> Any:
-        return serving().live_chats.control(req)
-
-    @app.post("/v1/chat/completions")
-    @app.post("/chat/completions")
-    async def chat(req: ChatCompletionRequest, request: Request) -> Any:
-        result = await serving().chat(req, request.is_disconnected)
-        return respond(result, req)
-
-    responses_store = ResponseStore(ResponseFiles(state.responses_dir) if state.responses_dir else None)
-
-    @app.post("/v1/responses")
-    @app.post("/responses")
-    async def responses(req: ResponsesRequest, request: Request) -> Any:
-        return respond(await responses_api.create(serving(), responses_store, req, request.is_disconnected), req)
-
-    @app.post("/v1/responses/input_tokens")
-    @app.post("/responses/input_tokens")
-    async def responses_input_tokens(req: ResponsesRequest) -> Any:
-        return await responses_api.input_tokens(serving(), responses_store, req)
-
-    @app.post("/v1/messages")
-    async def messages(req: MessagesRequest, request: Request) -> Any:
-        return respond(await messages_api.create(serving(), req, request.is_disconnected), req)
-
-    @app.post("/v1/messages/count_tokens")
-    async def messages_count_tokens(req: MessagesInput) -> Any:
-        return await messages_api.count_tokens(serving(), req)
-
-    @app.post("/v1/completions")  # /completion(s) are llama-server's native API: native_api.py
-    async def completions(req: CompletionRequest, request: Request) -> Any:
-        result = await serving().completion(req, request.is_disconnected)
-        return respond(result, req)
-
-    # Plain `def`: FastAPI runs these in its thread pool, off the event loop.
-    @app.post("/tokenize")
-    def tokenize(req: TokenizeRequest) -> Any:
-        return serving().tokenize(req)
-
-    @app.post("/detokenize")
-    def detokenize(req: DetokenizeRequest) -> Any:
-        return serving().detokenize(req)
-
-    @app.post("/apply-template")
-    def apply_template(req: ApplyTemplateRequest) -> Any:
-        return serving().apply_template(req)
-
-    @app.get("/props")
-    async def props() -> Any:
-        # llama-server's switches: which endpoints answer, its web UI and the page's defaults
-        return {**serving().props(), "endpoint_slots": state.slots_enabled, "endpoint_metrics": state.metrics_enabled,
-                "endpoint_props": False, "cors_proxy_enabled": False, "ui": state.ui, "ui_settings": state.ui_settings}
-
-    @app.get("/lora-adapters")
-    async def lora_adapters() -> Any:  # llama-server's list; none can be loaded here
-        return []
-
-    @app.post("/lora-adapters")
-    async def set_lora_adapters(adapters: list[Any]) -> Any:
-        if adapters:  # llama-server answers success and ignores ids it does not have; an error is kinder
-            raise APIError(400, f"no LoRA adapter is loaded (this server loads none), got {adapters[0]!r}",
-                           param="adapters")
-        return {"success": True}
-
-    @app.post("/props", include_in_schema=False)
-    async def set_props() -> Any:  # llama-server answers the same unless started with --props
-        raise APIError(501, "This server does not support changing global properties (llama-server's --props): "
-                            "restart it with the flags you want", type="not_supported_error")
-
-    @app.get("/slots")
-    async def slots(fail_on_no_slot: int = 0) -> Any:
-        if not state.slots_enabled:
-            raise APIError(501, "This server does not support slots endpoint. Start it with `--slots`",
-                           type="not_supported_error")
-        s = serving()
-        info = s.slots()
-        if fail_on_no_slot and all(x["is_processing"] for x in info):
-            raise APIError(503, "no slot available", type="unavailable_error")
-        return info
-
-    @app.get("/slots/{id_slot}", include_in_schema=False)
-    async def slot_get(id_slot: str) -> Any:  # llama-server has no such route: 404, not our 405
-        raise StarletteHTTPException(404, "Not Found")
-
-    @app.post("/slots/{id_slot}")
-    def slot_action(id_slot: int, action: str = "", body: dict[str, Any] | None = None) -> Any:
-        filename = (body or {}).get("filename")
-        return serving().slot_action(id_slot, action, filename)
-
-    @app.get("/metrics")
-    async def metrics() -> Any:
-        if not state.metrics_enabled:
-            raise APIError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
-                           type="not_supported_error")
-        return PlainTextResponse(serving().metrics_text(), media_type="text/plain; version=0.0.4")
-
-    @app.get("/v1/loads")
-    async def loads() -> Any:  # SGLang's load report, polled by gateways (smg): server/loads.py
-        return engine_loads(serving().engine)
+    wiring = Wiring(service, state.sse_ping_interval, state)
+    for api in (chat_completions, completions, native_completion, responses_api, messages_api, tokenize_api,
+                admin_api):
+        api.register(app, wiring)
 
     # llama-server's routes for other kinds of model: the same 501 a client gets from it for a
     # model without that ability, not a bare 404.
@@ -310,7 +199,6 @@ def create_app(state: ServerState) -> FastAPI:
         for path in paths:
             app.add_api_route(path, _not_supported(why), methods=["POST"], include_in_schema=False)
 
-    register_native_routes(app, serving, respond)
     if state.ui and state.static_dir is not None:
         # llama-server's --path: the directory's files in place of the page; every route above wins.
         app.mount("/", StaticFiles(directory=state.static_dir, html=True), name="static")
@@ -334,8 +222,3 @@ def _not_supported(why: str) -> Callable[[], Any]:
     async def route() -> Any:
         raise APIError(501, why, type="not_supported_error")
     return route
-
-
-def sse_response(stream: AsyncIterator[str], ping_interval: float) -> StreamingResponse:
-    return StreamingResponse(with_pings(stream, ping_interval), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridmoe.engine.engine import RequestHandle
-from hybridmoe.server.protocol import ControlRequest, bad_request
+from hybridmoe.server.protocol import bad_request
 
 
 @dataclass
@@ -34,13 +34,13 @@ class LiveChats:
         self._by_id = {k: e for k, e in self._by_id.items() if e.live()}
         self._by_id[cmpl_id] = _Entry([weakref.ref(h) for h in handles], armed)
 
-    def control(self, req: ControlRequest) -> dict[str, Any]:
+    def control(self, cmpl_id: str, action: str) -> dict[str, Any]:
         """llama-server's answer: {"success": bool, "message": why not} (400 for a bad request)."""
-        if not req.id:
+        if not cmpl_id:
             raise bad_request("missing completion id", param="id")
-        if req.action != "reasoning_end":
+        if action != "reasoning_end":
             raise bad_request("unknown control action", param="action")
-        entry = self._by_id.get(req.id)
+        entry = self._by_id.get(cmpl_id)
         live = entry.live() if entry is not None else []
         if not live:
             return {"success": False, "message": "no active completion for this id"}

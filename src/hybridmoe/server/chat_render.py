@@ -5,9 +5,9 @@ Variables: `messages`, `tools`, `add_generation_prompt`, `bos_token`, `eos_token
 `reasoning_effort: "none"`), `date_string` ("%d %b %Y") and `datetime` ("%b %d %Y"), then the
 server's and the request's `chat_template_kwargs` (the request's win) and `reasoning_effort`.
 
-Continuing a final assistant message (llama-server's prefill) on a harmony template writes the
-message's analysis/final channels after the generation header, open, as llama-server does for
-gpt-oss; on other templates the rendered message is cut where its content ends.
+Continuing a final assistant message (llama-server's prefill): the chat format writes the message
+after the generation prompt (harmony: its channels, open, as llama-server does for gpt-oss), or,
+for formats that leave it to the template, the rendered message is cut where its content ends.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from hybridmoe.server.chat_checks import RenderPlan
 from hybridmoe.server.protocol import ChatMessage, Tool, bad_request
+from hybridmoe.tokenizer.chat_format import ChatFormat
 from hybridmoe.tokenizer.chat_template import RESERVED_TEMPLATE_VARS, ChatTemplateError, render_chat
 
 _MARKER = "\x00hybridmoe-continuation\x00"
@@ -48,11 +49,12 @@ def thinking_enabled(reasoning: str, kwargs: dict[str, Any], effort: str | None)
 class ChatRenderer:
     """Renders conversations with one template and the server-wide template settings."""
 
-    def __init__(self, template: str, tokenizer: Any, server_kwargs: dict[str, Any], reasoning: str) -> None:
+    def __init__(self, template: str, tokenizer: Any, server_kwargs: dict[str, Any], reasoning: str,
+                 chat_format: ChatFormat) -> None:
         self.template = template
         self.server_kwargs = dict(server_kwargs)
         self.reasoning = reasoning  # on | off | auto
-        self.harmony = "<|channel|>" in template
+        self.format = chat_format
         self.special = {
             "bos_token": tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else "",
             "eos_token": tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else "",
@@ -87,11 +89,9 @@ class ChatRenderer:
         last = messages[-1]
         content = last.text() or ""
         reasoning = last.reasoning_content or last.thinking or ""
-        if self.harmony:
+        tail = self.format.continuation(reasoning, content)
+        if tail is not None:
             head = self._render(msgs[:-1], tool_dicts, True, variables)
-            tail = f"<|channel|>analysis<|message|>{reasoning}" if reasoning else ""
-            if content or not reasoning:
-                tail += ("<|end|><|start|>assistant" if reasoning else "") + f"<|channel|>final<|message|>{content}"
             return Rendered(head + tail, tail, variables["enable_thinking"])
         marked = [*msgs[:-1], {**msgs[-1], "content": _MARKER}]
         text = self._render(marked, tool_dicts, False, variables)

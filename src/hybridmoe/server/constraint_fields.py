@@ -6,31 +6,31 @@ function's `parameters`). Errors are `ConstraintError`s naming the field."""
 from __future__ import annotations
 
 from hybridmoe.engine.constraints import ConstraintError, ConstraintSpec, gbnf_spec, json_object_spec, json_schema_spec
-from hybridmoe.server.protocol import ChatCompletionRequest, SamplingFields
+from hybridmoe.server.protocol import SamplingFields, Tool
 
 
-def tool_arguments_spec(req: ChatCompletionRequest, i: int, call_end_ids: tuple[int, ...] | None) -> ConstraintSpec:
-    """What the arguments of a call to `req.tools[i]` must match: its `parameters` schema (any JSON
+def tool_arguments_spec(tools: list[Tool], i: int, call_end_ids: tuple[int, ...] | None) -> ConstraintSpec:
+    """What the arguments of a call to `tools[i]` must match: its `parameters` schema (any JSON
     object without one), ending with `call_end_ids`."""
-    params = (req.tools or [])[i].function.parameters
+    params = tools[i].function.parameters
     if not params:
         return json_object_spec(end_ids=call_end_ids)
     # Lenient: keywords the engine cannot enforce are ignored; a malformed shape is still a 400.
     return json_schema_spec(params, f"tools[{i}].function.parameters", lenient=True, end_ids=call_end_ids)
 
 
-def output_constraint(req: SamplingFields, call_end_ids: tuple[int, ...] | None = None) -> ConstraintSpec | None:
-    """The spec for what the request's output must match, or None. `call_end_ids`: the tokens
-    that end a forced tool call (the call's arguments end with them, not with the stop ids)."""
-    forced = req.forced_tool() if isinstance(req, ChatCompletionRequest) else None
+def output_constraint(fields: SamplingFields, tools: list[Tool] | None = None, forced: str | None = None,
+                      call_end_ids: tuple[int, ...] | None = None) -> ConstraintSpec | None:
+    """The spec for what the output must match, or None. `forced`: a function the reply must call
+    (its arguments end with `call_end_ids`, not with the stop ids)."""
     if forced:
-        i = next(i for i, t in enumerate(req.tools or []) if t.function.name == forced)
-        return tool_arguments_spec(req, i, call_end_ids)
-    if req.grammar is not None:
-        return gbnf_spec(req.grammar, "grammar")
-    if req.json_schema is not None:
-        return json_schema_spec(req.json_schema, "json_schema")
-    rf = req.response_format or {}
+        i = next(i for i, t in enumerate(tools or []) if t.function.name == forced)
+        return tool_arguments_spec(tools or [], i, call_end_ids)
+    if fields.grammar is not None:
+        return gbnf_spec(fields.grammar, "grammar")
+    if fields.json_schema is not None:
+        return json_schema_spec(fields.json_schema, "json_schema")
+    rf = fields.response_format or {}
     if rf.get("type") == "json_schema":
         js = rf.get("json_schema")
         if not isinstance(js, dict) or "schema" not in js:

@@ -24,7 +24,7 @@ class GracefulServer(uvicorn.Server):
                  on_stopped: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.grace = grace
-        self.state = state  # server.app.ServerState: its `serving` appears once the model is loaded
+        self.state = state  # server.app.ServerState: its `service` appears once the model is loaded
         # Run once the requests are over. Here rather than after run(): uvicorn ends a run stopped by
         # a signal by raising that signal again, and the process is gone before run() returns.
         self.on_stopped = on_stopped
@@ -39,7 +39,7 @@ class GracefulServer(uvicorn.Server):
             self.on_stopped()
 
     def end_requests(self) -> None:
-        serving = self.state.serving
-        n = serving.inflight.end_all() if serving is not None else 0
+        service = self.state.service
+        n = service.consumer.inflight.end_all() if service is not None else 0
         if n:
             log.warning("shutting down: %d request(s) still running after %.1f s, ending them", n, self.grace)

@@ -1,9 +1,9 @@
 """Anthropic Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) over the chat path.
 
-A request becomes a `ChatCompletionRequest` and goes through `Serving.start_chat` (templates,
-sampling, harmony parsing are the chat path's). The reply's harmony messages become content
-blocks: analysis -> `thinking` (gpt-oss always reasons, so these come whatever `thinking` says;
-it sets the reasoning effort), final -> `text`, calls to `functions.NAME` -> `tool_use`.
+A request becomes a `ChatJob` (templates, sampling and the chat format's parsing are the chat
+path's). The reply's blocks become content blocks: reasoning -> `thinking` (gpt-oss always
+reasons, so these come whatever `thinking` says; it sets the reasoning effort), text -> `text`,
+calls -> `tool_use` (arguments that are not a JSON object under `raw_arguments`).
 Errors on these routes use Anthropic's shape (`anthropic_error_body`).
 """
 
@@ -11,26 +11,30 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, Field, field_validator
 
-from hybridmoe.server.chat_view import ChatView
-from hybridmoe.server.output_blocks import Block, BlockEvent, BlockFolder
+from hybridmoe.server.generation import Progress, SSEvent
+from hybridmoe.server.jobs import ChatJob
 from hybridmoe.server.protocol import (
     APIError,
-    Lenient,
-    ChatCompletionRequest,
     ChatMessage,
     FunctionCall,
     FunctionDef,
+    Lenient,
+    SamplingFields,
     Tool,
     ToolCall,
     bad_request,
+    check_forced_tool,
+    forced_tool,
     validate_tagged,
 )
-from hybridmoe.server.serving import Disconnected, Serving, events
+from hybridmoe.server.reply import Block, BlockClose, BlockDelta, BlockOpen, Finished, Reply, ReplyEvent
+from hybridmoe.server.wiring import Wiring
 
 # Anthropic's error type per HTTP status (their documented set; 503 is their "overloaded").
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -179,7 +183,7 @@ class MessagesRequest(MessagesInput):
     stream: bool = False
 
 
-# ---- request -> chat request ------------------------------------------------------------------
+# ---- request -> job ---------------------------------------------------------------------------
 def to_messages(req: MessagesInput) -> list[ChatMessage]:
     """Blocks in order: a user turn's tool results become tool messages, its text a user message;
     an assistant turn's thinking, text and tool uses one assistant message."""
@@ -212,7 +216,7 @@ def to_messages(req: MessagesInput) -> list[ChatMessage]:
     return out
 
 
-def _chat_request(req: MessagesInput, max_tokens: int | None) -> ChatCompletionRequest:
+def messages_job(req: MessagesInput, max_tokens: int | None) -> ChatJob:
     tools = [Tool(function=FunctionDef(name=t.name, description=t.description, parameters=t.input_schema))
              for t in req.custom_tools()] or None
     tc = req.tool_choice
@@ -222,38 +226,21 @@ def _chat_request(req: MessagesInput, max_tokens: int | None) -> ChatCompletionR
             raise bad_request("tool_choice of type 'tool' needs a 'name'", param="tool_choice")
         choice = {"auto": "auto", "any": "required", "none": "none"}.get(tc.type) or \
             {"type": "function", "function": {"name": tc.name}}
+    forced = forced_tool(choice)
     try:
-        chat = ChatCompletionRequest(
-            model=req.model, messages=to_messages(req), max_tokens=max_tokens, temperature=req.temperature,
-            top_p=req.top_p, top_k=req.top_k, tools=tools, tool_choice=choice,
-            reasoning_effort=req.thinking.effort() if req.thinking else None, reasoning_format="auto",
-            reasoning_budget_tokens=req.thinking.budget() if req.thinking else -1,
-        )
-    except ValidationError as e:  # a tool_choice naming a function that is not in `tools`
-        raise bad_request(str(e.errors()[0]["msg"]).removeprefix("Value error, "), param="tool_choice") from None
-    chat.stop = [s for s in req.stop_sequences or () if s]  # after validation: Anthropic sets no limit of 4
-    return chat
+        check_forced_tool(forced, tools, constrained=False)
+    except ValueError as e:  # a tool_choice naming a function that is not in `tools`
+        raise bad_request(str(e), param="tool_choice") from None
+    sampling = SamplingFields(model=req.model, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+                              top_k=req.top_k)
+    sampling.stop = [s for s in req.stop_sequences or () if s]  # after validation: Anthropic sets no limit of 4
+    return ChatJob(messages=to_messages(req), sampling=sampling, tools=None if choice == "none" else tools,
+                   forced_tool=forced, token_limit=max_tokens,
+                   reasoning_effort=req.thinking.effort() if req.thinking else None, reasoning_format="auto",
+                   reasoning_budget_tokens=req.thinking.budget() if req.thinking else -1)
 
 
-async def count_tokens(serving: Serving, req: MessagesInput) -> dict[str, Any]:
-    return {"input_tokens": len(await serving.chat_prompt_ids(_chat_request(req, None)))}
-
-
-async def create(serving: Serving, req: MessagesRequest,
-                 disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
-    handle, view = await serving.start_chat(_chat_request(req, req.max_tokens))
-    run = _Run(serving, view, len(handle.request.prompt_ids), list(handle.request.stop))
-    if req.stream:
-        return run.sse(handle)
-    async for _ in run.events(events(handle, disconnected)):
-        pass
-    final = run.folder.final
-    if final is None or final.finish_reason in ("error", "cancelled"):
-        raise APIError(500, f"generation failed: {final.error if final else 'cancelled'}", type="server_error")
-    return run.message()
-
-
-# ---- engine events -> content blocks and stream events ----------------------------------------
+# ---- reply events -> content blocks and stream events -------------------------------------------
 def _tool_input(arguments: str) -> dict[str, Any]:
     """A call's arguments as the object Anthropic clients expect; text that is not a JSON object
     is passed on under `raw_arguments` rather than dropped."""
@@ -264,71 +251,7 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"raw_arguments": arguments}
 
 
-class _Run:
-    def __init__(self, serving: Serving, view: ChatView, n_prompt: int, stops: list[str]) -> None:
-        self.serving = serving
-        self.stops = stops
-        self.folder = BlockFolder(view)
-        self.id = f"msg_{uuid.uuid4().hex}"
-        self.n_prompt = n_prompt
-
-    async def sse(self, handle: Any) -> AsyncIterator[str]:
-        try:
-            async for ev in self.events(handle):
-                yield f"event: {ev['type']}\ndata: {json.dumps(ev, ensure_ascii=False)}\n\n"
-        finally:
-            handle.cancel()
-
-    async def events(self, engine_events: AsyncIterator[Any]) -> AsyncIterator[dict[str, Any]]:
-        """message_start, ping, per block start/deltas/stop, message_delta (stop reason, usage),
-        message_stop; an engine failure ends the stream with an `error` event."""
-        yield {"type": "message_start", "message": {**self.message(), "content": [], "stop_reason": None}}
-        yield {"type": "ping"}
-        async for bev in self.folder.stream(engine_events):
-            yield from_block(bev)
-        final = self.folder.final
-        if final is None or final.finish_reason in ("error", "cancelled"):
-            err = APIError(500, f"generation failed: {final.error if final else 'cancelled'}", type="server_error")
-            yield anthropic_error_body(err)
-            return
-        msg = self.message()
-        yield {"type": "message_delta", "delta": {"stop_reason": msg["stop_reason"],
-                                                  "stop_sequence": msg["stop_sequence"]}, "usage": msg["usage"]}
-        yield {"type": "message_stop"}
-
-    def message(self) -> dict[str, Any]:
-        final, view = self.folder.final, self.folder.view
-        content = [_block(b) for b in self.folder.blocks]
-        stop_reason = stop_sequence = None
-        if final is not None:
-            if final.finish_reason == "length":
-                stop_reason = "max_tokens"
-            elif any(b.kind == "call" for b in self.folder.blocks):
-                stop_reason = "tool_use"
-            elif view.stop_sequence is not None:
-                stop_reason, stop_sequence = "stop_sequence", view.stop_sequence
-            elif final.finish_reason == "stop" and final.stop_token_id is None and self.stops:
-                # cut by a stop string inside harmony markup, where the parsed text never shows it
-                stop_reason, stop_sequence = "stop_sequence", self._stop_in_raw_text()
-            else:
-                stop_reason = "end_turn"
-        u = final.usage if final is not None else None
-        cached = u.cached_tokens if u else 0
-        usage = {"input_tokens": (u.prompt_tokens if u else self.n_prompt) - cached,
-                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
-                 "output_tokens": u.completion_tokens if u else 0,
-                 "output_tokens_details": {"thinking_tokens": view.reasoning_tokens}}
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.serving.model_id,
-                "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
-
-    def _stop_in_raw_text(self) -> str | None:
-        """The earliest of the request's stop strings in the reply's raw text (markup included)."""
-        raw = self.serving.tokenizer.decode(self.folder.token_ids)
-        hits = [(raw.find(s), s) for s in self.stops if s and s in raw]
-        return min(hits)[1] if hits else None
-
-
-def _block(b: Block) -> dict[str, Any]:
+def content_block(b: Block) -> dict[str, Any]:
     if b.kind == "reasoning":
         return {"type": "thinking", "thinking": b.text, "signature": ""}
     if b.kind == "call":
@@ -336,16 +259,106 @@ def _block(b: Block) -> dict[str, Any]:
     return {"type": "text", "text": b.text}
 
 
-def from_block(bev: BlockEvent) -> dict[str, Any]:
+def block_event(bev: BlockOpen | BlockDelta | BlockClose) -> dict[str, Any] | None:
+    """The stream event of one block event (None: a delta with no text, such as logprobs alone)."""
     b = bev.block
-    if bev.kind == "open":
+    if isinstance(bev, BlockOpen):
         start = {"reasoning": {"type": "thinking", "thinking": "", "signature": ""},
                  "text": {"type": "text", "text": ""},
                  "call": {"type": "tool_use", "id": b.call_id, "name": b.name, "input": {}}}[b.kind]
         return {"type": "content_block_start", "index": b.index, "content_block": start}
-    if bev.kind == "delta":
+    if isinstance(bev, BlockDelta):
+        if not bev.text:
+            return None
         delta = {"reasoning": {"type": "thinking_delta", "thinking": bev.text},
                  "text": {"type": "text_delta", "text": bev.text},
                  "call": {"type": "input_json_delta", "partial_json": bev.text}}[b.kind]
         return {"type": "content_block_delta", "index": b.index, "delta": delta}
     return {"type": "content_block_stop", "index": b.index}
+
+
+class MessagesRender:
+    """One message: its JSON object, or message_start, ping, per block start/deltas/stop,
+    message_delta (stop reason, usage), message_stop; a failed reply ends the stream with an
+    `error` event. `failure`: the error a finished reply stands for."""
+
+    def __init__(self, model: str, n_prompt: int, failure: Callable[[Reply], APIError | None]) -> None:
+        self.model, self.n_prompt, self.failure = model, n_prompt, failure
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self.reply: Reply | None = None
+
+    def json(self, replies: list[Reply]) -> dict[str, Any]:
+        self.reply = replies[0]
+        return self.message()
+
+    def _event(self, ev: dict[str, Any]) -> SSEvent:
+        return SSEvent(ev, event=ev["type"])
+
+    def opening(self) -> list[SSEvent]:
+        start = {"type": "message_start", "message": {**self.message(), "content": [], "stop_reason": None}}
+        return [self._event(start), self._event({"type": "ping"})]
+
+    def progress(self, i: int, p: Progress) -> list[SSEvent]:
+        return []
+
+    def events(self, i: int, events: list[ReplyEvent]) -> list[SSEvent]:
+        out = []
+        for ev in events:
+            if isinstance(ev, (BlockOpen, BlockDelta, BlockClose)):
+                out += [self._event(e) for e in (block_event(ev),) if e is not None]
+            elif isinstance(ev, Finished):
+                out += self._finished(ev.reply)
+        return out
+
+    def _finished(self, reply: Reply) -> list[SSEvent]:
+        self.reply = reply
+        if reply.finish_reason in ("error", "cancelled"):
+            err = self.failure(reply) or APIError(500, f"generation failed: {reply.error or 'cancelled'}",
+                                                  type="server_error")
+            return [self._event(anthropic_error_body(err))]
+        msg = self.message()
+        return [self._event({"type": "message_delta", "delta": {"stop_reason": msg["stop_reason"],
+                                                                  "stop_sequence": msg["stop_sequence"]},
+                             "usage": msg["usage"]}),
+                self._event({"type": "message_stop"})]
+
+    def closing(self) -> list[SSEvent]:
+        return []
+
+    def message(self) -> dict[str, Any]:
+        r = self.reply
+        stop_reason = stop_sequence = None
+        if r is not None:
+            if r.finish_reason == "length":
+                stop_reason = "max_tokens"
+            elif r.calls():
+                stop_reason = "tool_use"
+            elif r.stop_word is not None:
+                stop_reason, stop_sequence = "stop_sequence", r.stop_word
+            else:
+                stop_reason = "end_turn"
+        u = r.usage if r is not None else None
+        cached = u.cached_tokens if u else 0
+        usage = {"input_tokens": (u.prompt_tokens if u else self.n_prompt) - cached,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
+                 "output_tokens": u.completion_tokens if u else 0,
+                 "output_tokens_details": {"thinking_tokens": r.reasoning_tokens if r is not None else 0}}
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                "content": [content_block(b) for b in r.blocks] if r is not None else [],
+                "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
+
+
+def register(app: FastAPI, w: Wiring) -> None:
+    @app.post("/v1/messages")
+    async def messages(req: MessagesRequest, request: Request) -> Any:
+        s = w.service()
+        gen = await s.start_chat(messages_job(req, req.max_tokens))
+        render = MessagesRender(s.model_id, len(gen.requests[0].prompt_ids), s.consumer.failure)
+        if req.stream:
+            return s.consumer.stream(gen, render, w.ping_interval(req))
+        return render.json(await s.consumer.replies(gen, request.is_disconnected))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(req: MessagesInput) -> Any:
+        _, ids = await w.service().chat_prompt(messages_job(req, None))
+        return {"input_tokens": len(ids)}

@@ -9,36 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
-from hybridmoe.engine.engine import EngineEvent, RequestHandle
-from hybridmoe.engine.sampling import TokenLogprobs
+from hybridmoe.engine.engine import GenerationRequest
+from hybridmoe.server.logprob_json import TokenBytes, native_probs
+from hybridmoe.server.reply import Reply
 from hybridmoe.settings import SAMPLER_ORDER
-
-
-@dataclass
-class Collected:
-    """Everything one request produced (non-streamed responses, and the stream's final object)."""
-
-    text: list[str] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    last: EngineEvent | None = None
-
-    def push(self, ev: EngineEvent) -> None:
-        self.text.append(ev.text)
-        if ev.token_id is not None:
-            self.tokens.append(ev.token_id)
-        if ev.stop_token_id is not None:  # llama-server lists the end token too (its text is not content)
-            self.tokens.append(ev.stop_token_id)
-        if ev.logprob is not None:
-            self.logprobs.append(ev.logprob)
-        if ev.finish_reason is not None:
-            self.last = ev
-
-    def content(self) -> str:
-        return "".join(self.text)
 
 
 def llama_timings(t: dict[str, float] | None) -> dict[str, float] | None:
@@ -53,36 +29,15 @@ def llama_timings(t: dict[str, float] | None) -> dict[str, float] | None:
     return {**{k: merged[k] for k in order if k in merged}, **{k: v for k, v in t.items() if k not in order}}
 
 
-def stop_info(c: Collected, stops: list[str], decode: Any) -> tuple[str, str]:
-    """(stop_type, stopping_word): eos for an end-of-generation token, word for a stop string
-    (the earliest one in the decoded output), limit otherwise."""
-    ev = c.last
-    if ev is None or ev.finish_reason != "stop":
-        return "limit", ""
-    if ev.stop_token_id is not None:
-        return "eos", ""
-    full = decode(c.tokens)
-    hits = [(full.find(s), s) for s in stops if s and s in full]
-    return "word", min(hits)[1] if hits else ""
+def stop_type(reply: Reply) -> str:
+    """eos for an end-of-generation token, word for a stop string, limit otherwise."""
+    if reply.finish_reason != "stop":
+        return "limit"
+    return "eos" if reply.stop_token_id is not None else "word"
 
 
-def probs_json(lps: list[TokenLogprobs], token_bytes: Any, post_sampling: bool) -> list[dict[str, Any]]:
-    """llama-server's `completion_probabilities`; with post_sampling_probs, `prob`/`top_probs`
-    (the engine then gave the logprobs of the distribution the draw saw: exp of them)."""
-    key = "prob" if post_sampling else "logprob"
-
-    def one(tid: int, lp: float) -> dict[str, Any]:
-        b = token_bytes(tid)
-        return {"id": tid, "token": b.decode("utf-8", errors="ignore"), "bytes": list(b),
-                key: math.exp(lp) if post_sampling else lp}
-
-    return [{**one(lp.token, lp.logprob), ("top_probs" if post_sampling else "top_logprobs"):
-             [one(t, v) for t, v in lp.top]} for lp in lps]
-
-
-def generation_settings(handle: RequestHandle, n_ctx: int, model: str, stream: bool) -> dict[str, Any]:
+def generation_settings(req: GenerationRequest, n_ctx: int, model: str, stream: bool) -> dict[str, Any]:
     """The settings the request ran with, under llama-server's names."""
-    req = handle.request
     p = req.params
     return {
         "n_ctx": n_ctx,
@@ -105,34 +60,32 @@ def generation_settings(handle: RequestHandle, n_ctx: int, model: str, stream: b
     }
 
 
-def native_final(handle: RequestHandle, c: Collected, *, index: int, model: str, n_ctx: int, prompt: str,
-                 stream: bool, return_tokens: bool, post_sampling: bool, token_bytes: Any,
-                 decode: Any, id_slot: int = -1) -> dict[str, Any]:
+def native_final(req: GenerationRequest, reply: Reply, *, index: int, model: str, n_ctx: int, prompt: str,
+                 stream: bool, return_tokens: bool, post_sampling: bool, token_bytes: TokenBytes,
+                 id_slot: int = -1) -> dict[str, Any]:
     """The final native result object of one request (in a stream: content and tokens empty,
     they were sent in the partial chunks, as llama-server does)."""
-    ev = c.last
-    assert ev is not None and ev.usage is not None
-    u = ev.usage
-    stop_type, word = stop_info(c, list(handle.request.stop), decode)
-    content = c.content()
+    u = reply.usage
+    assert u is not None
+    kind = stop_type(reply)
     out: dict[str, Any] = {
         "index": index,
-        "content": "" if stream else content,
-        "tokens": [] if stream or not return_tokens else list(c.tokens),
+        "content": "" if stream else reply.text,
+        "tokens": [] if stream or not return_tokens else list(reply.tokens),
         "id_slot": id_slot,
         "stop": True,
         "model": model,
         "tokens_predicted": u.completion_tokens,
         "tokens_evaluated": u.prompt_tokens,
-        "generation_settings": generation_settings(handle, n_ctx, model, stream),
+        "generation_settings": generation_settings(req, n_ctx, model, stream),
         "prompt": prompt,
-        "has_new_line": "\n" in content,
+        "has_new_line": "\n" in reply.text,
         "truncated": u.prompt_tokens + u.completion_tokens >= n_ctx,
-        "stop_type": stop_type,
-        "stopping_word": word,
+        "stop_type": kind,
+        "stopping_word": (reply.stop_word or "") if kind == "word" else "",
         "tokens_cached": u.prompt_tokens + u.completion_tokens,
-        "timings": llama_timings(ev.timings),
+        "timings": llama_timings(reply.timings),
     }
-    if not stream and handle.request.logprobs:
-        out["completion_probabilities"] = probs_json(c.logprobs, token_bytes, post_sampling)
+    if not stream and req.logprobs:
+        out["completion_probabilities"] = native_probs(reply.logprobs, token_bytes, post_sampling)
     return out

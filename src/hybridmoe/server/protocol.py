@@ -1,7 +1,9 @@
 """Request models for the OpenAI subset we serve (plus llama-server's extras), and the error type.
 
-Validation happens here, as early as possible: a request that reaches `serving` is well typed.
-Unknown fields are ignored (as llama-server does) so clients that send extras keep working.
+The pieces every API shares: the error type, chat messages and tools as templates read them, the
+sampling fields (OpenAI's and llama-server's), tool_choice rules and tagged-union validation. Each
+API's own request models live in its module. Unknown fields are ignored (as llama-server does)
+so clients that send extras keep working.
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ class SamplingFields(Lenient):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)  # the generator takes 64 bits; < 0: random
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1)  # at most --parallel, checked by serving (llama-server's limit)
+    n: int = Field(default=1, ge=1)  # at most --parallel, checked at submit (llama-server's limit)
     n_predict: int | None = Field(default=None, ge=-1)  # llama-server's name; wins over max_tokens
     samplers: list[str] | str | None = None  # llama-server: sampler order (names, or letters "kpmt")
     return_progress: bool = False  # llama-server: prompt_progress chunks while the prompt is processed
@@ -224,125 +226,36 @@ class SamplingFields(Lenient):
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
 
-class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    n_probs: int | None = Field(default=None, ge=0, le=100)  # llama-server: logprobs with this many alternatives
-    reasoning_effort: Literal["none", "low", "medium", "high"] | None = None  # "none": reasoning off
-    # llama-server: thinking tokens allowed (-1: the server's --reasoning-budget), then the message
-    # and the end of the thinking are written for the model
-    reasoning_budget_tokens: int = Field(default=-1, ge=-1)
-    reasoning_budget_message: str | None = Field(default=None, max_length=4096)
-    # llama-server: the thinking may be ended early by POST /v1/chat/completions/control (reasoning_end)
-    reasoning_control: bool = False
-    reasoning_format: Literal["none", "auto", "deepseek"] | None = None  # llama-server extra
-    add_generation_prompt: bool = True  # llama-server extras: see server/chat_checks.py
-    continue_final_message: bool | None = None
-    tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> ChatCompletionRequest:
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs: true")
-        if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
-            raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {self.tool_choice!r}")
-        if self.constrained() and self.forced_tool() is not None:
-            raise ValueError("a forced tool_choice constrains the reply to a call; grammar, json_schema and "
-                             "response_format cannot be combined with it")
-        forced = self.forced_tool()
-        if forced is not None:
-            names = [t.function.name for t in self.tools or []]
-            if not names:
-                raise ValueError("tool_choice 'required' or a named function needs a non-empty 'tools' list")
-            if forced and forced not in names:
-                raise ValueError(f"tool_choice names function {forced!r}, which is not in 'tools' ({names})")
-        return self
-
-    def logprobs_k(self) -> int | None:
-        """Alternatives per token in the logprobs (None: no logprobs): OpenAI's top_logprobs, or
-        llama-server's n_probs, which turns logprobs on by itself."""
-        if self.logprobs:
-            return self.top_logprobs or 0
-        return self.n_probs or None
-
-    def forced_tool(self) -> str | None:
-        """None: the model may answer in text; "": it must call one of the tools ('required');
-        a name: it must call that function. ValueError on a malformed tool_choice object."""
-        tc = self.tool_choice
-        if tc is None or tc in ("none", "auto"):
-            return None
-        if tc == "required":
-            return ""
-        fn = tc.get("function") if isinstance(tc, dict) else None
-        name = fn.get("name") if isinstance(fn, dict) else None
-        if tc.get("type") != "function" or not isinstance(name, str) or not name:
-            raise ValueError('tool_choice object must be {"type": "function", "function": {"name": "..."}}, '
-                             f"got {tc!r}")
-        return name
-
-    def token_limit(self) -> int | None:
-        """n_predict (llama-server) > max_completion_tokens > max_tokens; -1: up to the context;
-        None: the server's -n."""
-        for v in (self.n_predict, self.max_completion_tokens, self.max_tokens):
-            if v is not None:
-                return NO_LIMIT if v < 0 else v
+def forced_tool(tool_choice: str | dict[str, Any] | None) -> str | None:
+    """None: the model may answer in text; "": it must call one of the tools ('required'); a
+    name: it must call that function. ValueError on a malformed tool_choice."""
+    tc = tool_choice
+    if tc is None or tc in ("none", "auto"):
         return None
+    if tc == "required":
+        return ""
+    if isinstance(tc, str):
+        raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {tc!r}")
+    fn = tc.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if tc.get("type") != "function" or not isinstance(name, str) or not name:
+        raise ValueError('tool_choice object must be {"type": "function", "function": {"name": "..."}}, '
+                         f"got {tc!r}")
+    return name
 
 
-class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
-
-    def token_limit(self, server_default: int | None) -> int | None:
-        """n_predict (llama-server) > max_tokens > the server's -n > OpenAI's legacy 16;
-        -1: no limit (None)."""
-        for v in (self.n_predict, self.max_tokens, server_default, 16):
-            if v is not None:
-                return NO_LIMIT if v < 0 else v
-        return NO_LIMIT
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int] | list[str]:
-        if isinstance(v, list):
-            if not v:
-                raise ValueError("prompt is empty")
-            if isinstance(v[0], str) and len(v) != 1:
-                raise ValueError("only one prompt per request is supported")
-        return v
-
-
-class TokenizeRequest(Lenient):
-    content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-class ControlRequest(Lenient):
-    """llama-server's POST /v1/chat/completions/control: act on a running chat completion."""
-
-    id: str = ""  # the completion's id, as its stream gave it
-    action: str = ""  # "reasoning_end": close the thinking now, so the model goes on to its answer
-
-
-class DetokenizeRequest(Lenient):
-    tokens: list[int]
-
-
-class ApplyTemplateRequest(Lenient):
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[Tool] | None = None
-    reasoning_effort: Literal["none", "low", "medium", "high"] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool | None = None
+def check_forced_tool(forced: str | None, tools: list[Tool] | None, constrained: bool) -> None:
+    """ValueError when a forced call names no declared tool or meets another output constraint."""
+    if forced is None:
+        return
+    if constrained:
+        raise ValueError("a forced tool_choice constrains the reply to a call; grammar, json_schema and "
+                         "response_format cannot be combined with it")
+    names = [t.function.name for t in tools or []]
+    if not names:
+        raise ValueError("tool_choice 'required' or a named function needs a non-empty 'tools' list")
+    if forced and forced not in names:
+        raise ValueError(f"tool_choice names function {forced!r}, which is not in 'tools' ({names})")
 
 
 def validate_tagged(obj: Any, kinds: dict[str, type[BaseModel]], what: str, default: str | None = None) -> Any:

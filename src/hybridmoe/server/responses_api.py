@@ -1,36 +1,36 @@
 """OpenAI Responses API (`POST /v1/responses`, `/v1/responses/input_tokens`) over the chat path.
 
-A request becomes a `ChatCompletionRequest` (input items -> chat messages, server/responses_items.py;
-tools -> functions, server/responses_tools.py) and goes through `Serving.start_chat`, so templates,
-sampling, constrained JSON and harmony parsing are the chat path's. The reply's harmony messages
-become output items: analysis -> `reasoning`, final (and commentary preambles) -> `message`, calls
-to `functions.NAME` -> `function_call` (with `namespace` for a namespace tool's function) or
-`custom_tool_call` (a freeform tool).
-
-Stored responses (`store`, the API's default) stay in memory for `previous_response_id`:
-at most `ResponseStore.MAX_RESPONSES` responses and `MAX_CHARS` characters of items, the oldest
-dropped first; nothing survives a restart unless --responses-dir also writes them to files
-(server/response_files.py), which replicas behind a gateway share.
+A request becomes a `ChatJob` (input items -> chat messages, server/responses_items.py; tools ->
+functions, server/responses_tools.py), so templates, sampling, constrained JSON and the chat
+format's parsing are the chat path's. The reply's blocks become output items: reasoning ->
+`reasoning`, text -> `message`, calls -> `function_call` (with `namespace` for a namespace tool's
+function) or `custom_tool_call` (a freeform tool); a call with no function name stays text.
+Stored responses (`store`, the API's default) serve `previous_response_id`: server/responses_store.py.
 """
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
+from fastapi import FastAPI, Request
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from hybridmoe.server.chat_view import ChatView
-from hybridmoe.server.output_blocks import Block, BlockEvent, BlockFolder
+from hybridmoe.server.generation import Progress, SSEvent
+from hybridmoe.server.jobs import ChatJob
+from hybridmoe.server.logprob_json import TokenBytes, responses_entry
+from hybridmoe.server.protocol import (
+    ChatMessage,
+    Lenient,
+    SamplingFields,
+    bad_request,
+    check_forced_tool,
+    forced_tool,
+)
+from hybridmoe.server.reply import Block, BlockClose, BlockDelta, BlockOpen, Finished, Reply, ReplyEvent
 from hybridmoe.server.response_files import ResponseFiles
-from hybridmoe.server.protocol import APIError, ChatCompletionRequest, ChatMessage, Lenient, bad_request
-from hybridmoe.server.responses_items import (  # noqa: F401  (parse_items, items_to_messages: tests use them here)
+from hybridmoe.server.responses_items import (
     InputItem,
     MessageItem,
     carry_reasoning,
@@ -38,8 +38,10 @@ from hybridmoe.server.responses_items import (  # noqa: F401  (parse_items, item
     items_to_messages,
     parse_items,
 )
+from hybridmoe.server.responses_store import ResponseStore
 from hybridmoe.server.responses_tools import Route, ToolMap, freeform_input, wire_name
-from hybridmoe.server.serving import Disconnected, Serving, events
+from hybridmoe.server.wiring import Wiring
+from hybridmoe.settings import SamplingDefaults
 
 
 # ---- request ----------------------------------------------------------------------------------
@@ -136,78 +138,9 @@ class ResponsesRequest(Lenient):
         return {"none": "low", "minimal": "low", "xhigh": "high"}.get(e, e) if e else None
 
 
-# ---- stored responses -------------------------------------------------------------------------
-@dataclass
-class _Stored:
-    input: list[InputItem]  # this request's items (not its ancestors')
-    output: list[InputItem]
-    previous: str | None
-    chars: int
-
-
-class ResponseStore:
-    """Bounded, in-memory `previous_response_id` history; a response links to its parent, so
-    a long conversation costs its length once. With `files` (serve --responses-dir) every stored
-    response is written there too, and an id missing from memory is read back from there."""
-
-    MAX_RESPONSES = 1024
-    MAX_CHARS = 64 * 1024 * 1024
-
-    def __init__(self, files: ResponseFiles | None = None) -> None:
-        self._entries: OrderedDict[str, _Stored] = OrderedDict()
-        self._chars = 0
-        self._lock = threading.Lock()
-        self.files = files
-
-    def put(self, rid: str, inputs: list[InputItem], outputs: list[dict[str, Any]], previous: str | None) -> None:
-        self._remember(rid, inputs, parse_items(outputs, "output"), previous)
-        if self.files is not None:
-            self.files.write(rid, [i.model_dump(mode="json", exclude_none=True) for i in inputs], outputs, previous)
-
-    def _remember(self, rid: str, inputs: list[InputItem], outputs: list[InputItem], previous: str | None) -> _Stored:
-        chars = sum(len(i.model_dump_json()) for i in [*inputs, *outputs])
-        entry = _Stored(inputs, outputs, previous, chars)
-        with self._lock:
-            self._entries[rid] = entry
-            self._chars += chars
-            while len(self._entries) > self.MAX_RESPONSES or self._chars > self.MAX_CHARS:
-                _, old = self._entries.popitem(last=False)
-                self._chars -= old.chars
-        return entry
-
-    def _get(self, rid: str) -> _Stored | None:
-        with self._lock:
-            entry = self._entries.get(rid)
-        if entry is not None or self.files is None:
-            return entry
-        found = self.files.read(rid)  # another replica's response, or one from before a restart
-        if found is None:
-            return None
-        try:
-            return self._remember(rid, parse_items(found[0], "input"), parse_items(found[1], "output"), found[2])
-        except ValueError:
-            return None
-
-    def history(self, rid: str) -> list[InputItem]:
-        """Every item of the conversation that ended with response `rid`, oldest first."""
-        chain: list[_Stored] = []
-        cur: str | None = rid
-        while cur is not None:
-            entry = self._get(cur)
-            if entry is None:
-                which = "" if cur == rid else f" (its ancestor {cur} was dropped from the store)"
-                where = "in memory and in --responses-dir" if self.files is not None else "in memory"
-                raise APIError(400, f"Previous response with id '{rid}' not found{which}; this server keeps "
-                               f"the last {self.MAX_RESPONSES} stored responses {where}",
-                               param="previous_response_id", code="previous_response_not_found")
-            chain.append(entry)
-            cur = entry.previous
-        return [item for entry in reversed(chain) for item in (*entry.input, *entry.output)]
-
-
-# ---- request -> chat request ------------------------------------------------------------------
-def _chat_request(req: ResponsesRequest, history: list[InputItem],
-                  tools: ToolMap | None = None) -> ChatCompletionRequest:
+# ---- request -> job ---------------------------------------------------------------------------
+def responses_job(req: ResponsesRequest, history: list[InputItem], tools: ToolMap | None = None) -> ChatJob:
+    """The conversation (stored history, then this request's items) as a chat job; 400 naming the field."""
     tools = req.tool_map(history) if tools is None else tools
     messages = items_to_messages([*history, *req.input_items()])
     if req.instructions:
@@ -224,103 +157,94 @@ def _chat_request(req: ResponsesRequest, history: list[InputItem],
         response_format = {"type": "json_object"}
     elif fmt.type == "json_schema":
         response_format = {"type": "json_schema", "json_schema": {"name": fmt.name or "output", "schema": fmt.schema_}}
+    offered = tools.offered or None
     try:
-        return ChatCompletionRequest(
-            model=req.model, messages=messages, max_tokens=req.max_output_tokens, temperature=req.temperature,
-            top_p=req.top_p, tools=tools.offered or None, tool_choice=choice, reasoning_effort=req.effort(),
-            reasoning_format="auto", response_format=response_format,
-            logprobs=req.wants_logprobs(), top_logprobs=req.top_logprobs if req.wants_logprobs() else None,
-        )
-    except ValidationError as e:  # tool_choice naming an unknown function, a schema the sampler cannot enforce
-        msg = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
+        sampling = SamplingFields(model=req.model, temperature=req.temperature, top_p=req.top_p,
+                                  response_format=response_format)
+        forced = forced_tool(choice)
+        check_forced_tool(forced, offered, sampling.constrained())
+    except (ValidationError, ValueError) as e:  # a tool_choice naming an unknown function, a schema refused
+        msg = str(e.errors()[0]["msg"] if isinstance(e, ValidationError) else e).removeprefix("Value error, ")
         param = "tool_choice" if msg.startswith("tool_choice") else "text.format"
         raise bad_request(msg.replace("response_format", "text.format"), param=param) from None
+    return ChatJob(messages=messages, sampling=sampling, tools=None if choice == "none" else offered,
+                   forced_tool=forced, token_limit=req.max_output_tokens,
+                   logprobs=(req.top_logprobs or 0) if req.wants_logprobs() else None,
+                   reasoning_effort=req.effort(), reasoning_format="auto")
 
 
-def _history(store: ResponseStore, req: ResponsesRequest) -> list[InputItem]:
-    return store.history(req.previous_response_id) if req.previous_response_id else []
+# ---- reply events -> output items and stream events -------------------------------------------
+class ResponsesRender:
+    """One response: reply events -> output items, stream events, the final response object.
+    `effort`: the reasoning effort it ran with; `defaults`: the server's sampling defaults."""
 
-
-async def input_tokens(serving: Serving, store: ResponseStore, req: ResponsesRequest) -> dict[str, Any]:
-    history = _history(store, req)
-    chat = _chat_request(req, history, req.tool_map(history))
-    return {"object": "response.input_tokens", "input_tokens": len(await serving.chat_prompt_ids(chat))}
-
-
-async def create(serving: Serving, store: ResponseStore, req: ResponsesRequest,
-                 disconnected: Disconnected | None = None) -> dict[str, Any] | AsyncIterator[str]:
-    history = _history(store, req)
-    tools = req.tool_map(history)
-    tools.note_dropped()
-    chat = _chat_request(req, history, tools)
-    handle, view = await serving.start_chat(chat)
-    run = _Run(serving, store, req, chat, view, tools)
-    if req.stream:
-        return run.sse(handle)
-    async for _ in run.events(events(handle, disconnected)):
-        pass
-    if run.failed:
-        raise APIError(500, f"generation failed: {run.failed}", type="server_error")
-    return run.response()
-
-
-# ---- engine events -> items and stream events -------------------------------------------------
-class _Run:
-    """One response: block events -> output items, stream events, the final response object."""
-
-    def __init__(self, serving: Serving, store: ResponseStore, req: ResponsesRequest, chat: ChatCompletionRequest,
-                 view: ChatView, tools: ToolMap) -> None:
-        self.serving, self.store, self.req, self.chat, self.tools = serving, store, req, chat, tools
+    def __init__(self, req: ResponsesRequest, store: ResponseStore, tools: ToolMap, model: str, effort: str | None,
+                 defaults: SamplingDefaults, token_bytes: TokenBytes) -> None:
+        self.req, self.store, self.tools, self.model, self.effort = req, store, tools, model, effort
+        self.defaults, self.token_bytes = defaults, token_bytes
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.folder = BlockFolder(view)
         self.items: list[dict[str, Any]] = []  # output items, in their final form once done
         self.status = "in_progress"
         self.failed: str | None = None
+        self.reply: Reply | None = None
         self._seq = 0
         self._held_lp: list[dict[str, Any]] = []  # answer tokens' logprobs whose text has not come yet
 
-    async def sse(self, handle: Any) -> AsyncIterator[str]:
-        try:
-            async for ev in self.events(handle):
-                yield f"event: {ev['type']}\ndata: {json.dumps(ev, ensure_ascii=False)}\n\n"
-        finally:
-            handle.cancel()  # client gone mid-stream: the engine frees the slot at its next step
+    def json(self, replies: list[Reply]) -> dict[str, Any]:
+        r = self.reply = replies[0]
+        last = len(r.blocks) - 1
+        self.items = [self._item(b, "incomplete" if r.finish_reason == "length" and b.index == last else "completed")
+                      for b in r.blocks]
+        self._complete(r)
+        return self.response()
 
-    async def events(self, engine_events: AsyncIterator[Any]) -> AsyncIterator[dict[str, Any]]:
-        """The documented stream: created, in_progress, per item added/deltas/done, then
-        completed (or incomplete at the token limit, failed on an engine error)."""
-        yield self._event("response.created", response=self.response())
-        yield self._event("response.in_progress", response=self.response())
-        async for bev in self.folder.stream(engine_events):
-            for ev in self._on_block(bev):
-                yield ev
-        final = self.folder.final
-        if final is None or final.finish_reason in ("error", "cancelled"):
-            self.status = "failed"
-            self.failed = (final.error if final else None) or "cancelled"
-            yield self._event("response.failed", response=self.response())
-            return
-        self.status = "incomplete" if final.finish_reason == "length" else "completed"
+    def _complete(self, r: Reply) -> None:
+        self.status = "incomplete" if r.finish_reason == "length" else "completed"
         if self.req.store:
             self.store.put(self.id, self.req.input_items(), self.items, self.req.previous_response_id)
-        yield self._event(f"response.{self.status}", response=self.response())
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def opening(self) -> list[SSEvent]:
+        return [self._event("response.created", response=self.response()),
+                self._event("response.in_progress", response=self.response())]
+
+    def progress(self, i: int, p: Progress) -> list[SSEvent]:
+        return []
+
+    def events(self, i: int, events: list[ReplyEvent]) -> list[SSEvent]:
+        """The documented stream: per item added/deltas/done, then completed (or incomplete at
+        the token limit, failed on an engine error or a cancel)."""
+        out: list[SSEvent] = []
+        for ev in events:
+            if isinstance(ev, Finished):
+                self.reply = ev.reply
+            elif isinstance(ev, (BlockOpen, BlockDelta, BlockClose)):
+                out += self._on_block(ev)
+        if self.reply is None:
+            return out
+        r = self.reply
+        if r.finish_reason in ("error", "cancelled"):
+            self.status = "failed"
+            self.failed = r.error or "cancelled"
+            return out + [self._event("response.failed", response=self.response())]
+        self._complete(r)
+        return out + [self._event(f"response.{self.status}", response=self.response())]
+
+    def closing(self) -> list[SSEvent]:
+        return []
+
+    def _event(self, kind: str, **fields: Any) -> SSEvent:
         ev = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
-        return ev
+        return SSEvent(ev, event=kind)
 
     def _shape(self, b: Block) -> str:
-        """What a block becomes: reasoning, text, a function call or a freeform (custom) call. A
-        call with no function name (`to=functions.` alone) cannot be routed: its text is text."""
-        if b.kind != "call":
-            return b.kind
-        return self.tools.route(b.name).kind if b.name else "text"
+        """What a block becomes: reasoning, text, a function call or a freeform (custom) call."""
+        return self.tools.route(b.name).kind if b.kind == "call" else b.kind
 
-    def _on_block(self, bev: BlockEvent) -> list[dict[str, Any]]:
+    def _on_block(self, bev: BlockOpen | BlockDelta | BlockClose) -> list[SSEvent]:
         b, pos, shape = bev.block, bev.block.index, self._shape(bev.block)
-        if bev.kind == "open":
+        if isinstance(bev, BlockOpen):
             item = self._item(b, "in_progress")
             self.items.append(item)
             out = [self._event("response.output_item.added", output_index=pos, item=item)]
@@ -329,11 +253,10 @@ class _Run:
                                        content_index=0, part=self._part(shape, "")))
             return out
         item_id = self.items[pos]["id"]
-        if bev.kind == "delta":
+        if isinstance(bev, BlockDelta):
             return self._delta(bev, shape, item_id)
         # close: the last item is cut short when the token limit ended the reply
-        final = self.folder.final
-        status = "incomplete" if final is not None and final.finish_reason == "length" else "completed"
+        status = "incomplete" if self.reply is not None and self.reply.finish_reason == "length" else "completed"
         self.items[pos] = item = self._item(b, status)
         at = {"item_id": item_id, "output_index": pos}
         if shape == "function":
@@ -352,15 +275,15 @@ class _Run:
                                    part=self._part(shape, b.text, self._logprobs(b))))
         return out + [self._event("response.output_item.done", output_index=pos, item=item)]
 
-    def _delta(self, bev: BlockEvent, shape: str, item_id: str) -> list[dict[str, Any]]:
+    def _delta(self, bev: BlockDelta, shape: str, item_id: str) -> list[SSEvent]:
         at = {"item_id": item_id, "output_index": bev.block.index}
         if shape == "function":
-            return [self._event("response.function_call_arguments.delta", **at, delta=bev.text)]
+            return [self._event("response.function_call_arguments.delta", **at, delta=bev.text)] if bev.text else []
         if shape == "custom":
             return []
         if shape == "reasoning":
             return [self._event("response.reasoning_text.delta", **at, content_index=0, delta=bev.text)]
-        self._held_lp += [self._logprob(lp) for lp in bev.logprobs]
+        self._held_lp += [responses_entry(lp, self.token_bytes) for lp in bev.logprobs]
         if not bev.text:
             return []
         lps, self._held_lp = self._held_lp, []
@@ -372,7 +295,7 @@ class _Run:
         suffix = self.id.removeprefix("resp_") + f"_{b.index}"
         shape = self._shape(b)
         if shape in ("function", "custom"):
-            return _call_item(self.tools.route(b.name), b, suffix, status, done)
+            return call_item(self.tools.route(b.name), b, suffix, status, done)
         if shape == "reasoning":
             item = {"id": f"rs_{suffix}", "type": "reasoning", "status": status, "summary": [],
                     "content": [self._part("reasoning", b.text)] if done else []}
@@ -389,26 +312,19 @@ class _Run:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
     def _logprobs(self, b: Block) -> list[dict[str, Any]]:
-        return [self._logprob(lp) for lp in b.logprobs]
-
-    def _logprob(self, lp: Any) -> dict[str, Any]:
-        """OpenAI's Responses entry: token, logprob, bytes, top_logprobs (no llama-server id)."""
-        e = self.serving.logprob_entry(lp)
-        keys = ("token", "logprob", "bytes")
-        return {**{k: e[k] for k in keys}, "top_logprobs": [{k: t[k] for k in keys} for t in e["top_logprobs"]]}
+        return [responses_entry(lp, self.token_bytes) for lp in b.logprobs]
 
     def response(self) -> dict[str, Any]:
         """The response object as it stands (the stream's snapshots, and the non-streamed answer)."""
-        req, d = self.req, self.serving.config.defaults
-        final = self.folder.final
+        req, d, r = self.req, self.defaults, self.reply
         fmt = req.text.format if req.text else TextFormat()
         usage = None
-        if final is not None and final.usage is not None and self.status != "in_progress":
-            u = final.usage
+        if r is not None and r.usage is not None and self.status != "in_progress":
+            u = r.usage
             usage = {"input_tokens": u.prompt_tokens,
                      "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
                      "output_tokens": u.completion_tokens,
-                     "output_tokens_details": {"reasoning_tokens": self.folder.view.reasoning_tokens},
+                     "output_tokens_details": {"reasoning_tokens": r.reasoning_tokens},
                      "total_tokens": u.prompt_tokens + u.completion_tokens}
         return {
             "id": self.id,
@@ -420,11 +336,11 @@ class _Run:
             "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
             "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens,
-            "model": self.serving.model_id,
+            "model": self.model,
             "output": self.items if self.status != "in_progress" else [],
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id,
-            "reasoning": {"effort": self.chat.reasoning_effort or self.serving.config.reasoning_effort, "summary": None},
+            "reasoning": {"effort": self.effort, "summary": None},
             "store": req.store,
             "temperature": d.temperature if req.temperature is None else req.temperature,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)},
@@ -438,7 +354,7 @@ class _Run:
         }
 
 
-def _call_item(route: Route, b: Block, suffix: str, status: str, done: bool) -> dict[str, Any]:
+def call_item(route: Route, b: Block, suffix: str, status: str, done: bool) -> dict[str, Any]:
     """A call as the client declared its tool: `function_call` (with `namespace` for a namespace
     tool's function, as Codex routes it) or `custom_tool_call` carrying the freeform input."""
     ns = {"namespace": route.namespace} if route.namespace else {}
@@ -447,3 +363,33 @@ def _call_item(route: Route, b: Block, suffix: str, status: str, done: bool) -> 
                 "name": route.name, **ns, "input": freeform_input(b.text) if done else ""}
     return {"id": f"fc_{suffix}", "type": "function_call", "status": status, "call_id": b.call_id,
             "name": route.name, **ns, "arguments": b.text if done else ""}
+
+
+# ---- routes -------------------------------------------------------------------------------------
+def register(app: FastAPI, w: Wiring) -> None:
+    store = ResponseStore(ResponseFiles(w.state.responses_dir) if w.state.responses_dir else None)
+
+    def history(req: ResponsesRequest) -> list[InputItem]:
+        return store.history(req.previous_response_id) if req.previous_response_id else []
+
+    @app.post("/v1/responses")
+    @app.post("/responses")
+    async def responses(req: ResponsesRequest, request: Request) -> Any:
+        s = w.service()
+        past = history(req)
+        tools = req.tool_map(past)
+        tools.note_dropped()
+        job = responses_job(req, past, tools)
+        gen = await s.start_chat(job)
+        render = ResponsesRender(req, store, tools, s.model_id, job.reasoning_effort or s.config.reasoning_effort,
+                                 s.config.defaults, s.tokenizer.token_bytes)
+        if req.stream:
+            return s.consumer.stream(gen, render, w.ping_interval(req))
+        return render.json(await s.consumer.replies(gen, request.is_disconnected))
+
+    @app.post("/v1/responses/input_tokens")
+    @app.post("/responses/input_tokens")
+    async def input_tokens(req: ResponsesRequest) -> Any:
+        past = history(req)
+        _, ids = await w.service().chat_prompt(responses_job(req, past, req.tool_map(past)))
+        return {"object": "response.input_tokens", "input_tokens": len(ids)}

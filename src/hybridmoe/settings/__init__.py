@@ -17,7 +17,7 @@ from hybridmoe.settings.context import (
 )
 from hybridmoe.settings.loading import LoadSettings, add_load_args
 from hybridmoe.settings.placement import GPU_DENSE_DTYPES, PlacementSettings, add_placement_args, gpu_layers
-from hybridmoe.settings.sampling import (
+from hybridmoe.settings.sampling_defaults import (
     SAMPLER_NAMES,
     SAMPLER_ORDER,
     SAMPLING_DEFAULTS,

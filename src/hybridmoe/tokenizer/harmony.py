@@ -1,4 +1,5 @@
-"""Token-level streaming parser for harmony (gpt-oss) model output.
+"""Harmony, gpt-oss's chat format: the one file that spells its markup. `HarmonyFormat` is its
+`ChatFormat` (tokenizer/chat_format.py); below it the token-level streaming parser.
 
 Generation starts right after the prompt's `<|start|>assistant`, so output usually begins inside a
 header: `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...<|return|>`.
@@ -16,15 +17,129 @@ header: `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>fi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from .tokenizer import IncrementalDecoder, Tokenizer
+from .chat_format import BudgetMarks, OutputEvent, Target, ToolCallMarks
 
-END_TOKENS = ("<|end|>", "<|return|>", "<|call|>")
+if TYPE_CHECKING:  # the tokenizer module imports this one (for the names that end generation)
+    from .tokenizer import Tokenizer
+
+START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
+END, RETURN, CALL = "<|end|>", "<|return|>", "<|call|>"
+END_TOKENS = (END, RETURN, CALL)
+# The names that end generation when present. <|end|> is not one: it only separates messages
+# (analysis -> final), so stopping on it would cut every answer short.
+GENERATION_END_NAMES = (RETURN, CALL, "<|endoftext|>")
+CALL_HEADER = f"{CHANNEL}commentary to=functions"  # a tool call's header, up to the function name
+ANSWER_HEADER = f"{CHANNEL}final{MESSAGE}"
+THINKING_HEADER = f"{CHANNEL}analysis{MESSAGE}"
+
+
+def generation_end_ids(token_id: Callable[[str], int | None], eos_id: int | None,
+                       extra: Iterable[int] = ()) -> frozenset[int]:
+    """Ids that end generation in a vocabulary: `extra`, its eos and harmony's stops. A converter
+    may set eos = <|end|>; with harmony's real stops present it is dropped (as llama.cpp does)."""
+    ids = {*extra, *(i for i in (eos_id, *map(token_id, GENERATION_END_NAMES)) if i is not None)}
+    if token_id(RETURN) is not None and token_id(CALL) is not None:
+        ids.discard(token_id(END))
+    return frozenset(ids)
+
+
+class HarmonyFormat:
+    """The `ChatFormat` of templates that write harmony channels, on a vocabulary that has them."""
+
+    name = "GPT-OSS"
+    add_bos = False
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self._tok = tok
+
+    @staticmethod
+    def matches(template: str, tok: Tokenizer) -> bool:
+        return CHANNEL in template and all(tok.token_id(t) is not None for t in (START, CHANNEL, MESSAGE, END))
+
+    def parser(self) -> HarmonyOutput:
+        return HarmonyOutput(self._tok)
+
+    def ends_in_generation_prompt(self, prompt_ids: Sequence[int]) -> bool:
+        header = [self._tok.token_id(START), *self._tok.encode("assistant", allow_special=False)]
+        return list(prompt_ids[-len(header):]) == header
+
+    def forced_call(self, name: str | None) -> str:
+        return f"{CALL_HEADER}.{name} {CONSTRAIN}json{MESSAGE}" if name else CALL_HEADER
+
+    def forced_answer(self) -> str:
+        return ANSWER_HEADER
+
+    def continuation(self, reasoning: str, content: str) -> str:
+        """The message's channels written open after the generation header, as llama-server does."""
+        tail = f"{THINKING_HEADER}{reasoning}" if reasoning else ""
+        if content or not reasoning:
+            tail += (f"{END}{START}assistant" if reasoning else "") + f"{ANSWER_HEADER}{content}"
+        return tail
+
+    def call_end_ids(self) -> tuple[int, ...] | None:
+        call = self._tok.token_id(CALL)
+        return (call,) if call is not None else None
+
+    def tool_call_marks(self) -> ToolCallMarks | None:
+        ids = [self._tok.token_id(t) for t in (START, END, MESSAGE, CALL, RETURN)]
+        return None if None in ids else ToolCallMarks(*ids)  # type: ignore[arg-type]
+
+    def call_header(self) -> bytes:
+        return CALL_HEADER.encode()
+
+    def budget_marks(self) -> BudgetMarks:
+        return BudgetMarks(tuple(self._tok.encode(THINKING_HEADER, allow_special=True)), (self._tok.token_id(END),))
+
+
+class HarmonyOutput:
+    """`HarmonyParser` as a format-neutral `OutputParser`, noting what was malformed: text outside
+    any message, a header without a channel, an unknown recipient, special tokens inside text (and,
+    from the parser, headers or messages cut off by the next header)."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self._tok = tok
+        self._parser = HarmonyParser(tok)
+        self.anomalies = self._parser.anomalies  # one list: the parser notes what only it sees
+
+    @property
+    def open_target(self) -> Target | None:
+        header = self._parser.open_header
+        return header.target if header is not None else None
+
+    def push(self, token_id: int) -> list[OutputEvent]:
+        if self.open_target is not None and self._tok.is_special(token_id) \
+                and self._tok.token_text(token_id) not in (*END_TOKENS, START, CHANNEL):
+            self.anomalies.append(f"special token {self._tok.token_text(token_id)} inside a message")
+        return self._convert(self._parser.push(token_id))
+
+    def finish(self) -> list[OutputEvent]:
+        return self._convert(self._parser.finish())
+
+    def _convert(self, events: list[Event]) -> list[OutputEvent]:
+        out = []
+        for ev in events:
+            if ev.kind == "start":
+                self._check(ev.header)
+            out.append(OutputEvent(ev.kind, ev.target, ev.text, ev.header.tool_name))
+        return out
+
+    def _check(self, h: Header) -> None:
+        if h.role is None:
+            self.anomalies.append("text outside any harmony message")
+        elif h.role == "assistant" and h.channel is None:
+            self.anomalies.append("a message header without a channel")
+        if h.recipient is not None and not h.recipient.startswith("functions."):
+            self.anomalies.append(f"a message to unknown recipient {h.recipient!r}")
+        elif h.recipient == "functions.":
+            self.anomalies.append("a tool call without a function name")
+
+
 _CONTENT_TYPES = {"json", "text", "code", "markdown"}
-_CHANNEL_RE = re.compile(r"<\|channel\|>\s*([^\s<]*)")
+_CHANNEL_RE = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]*)")
 
 
 @dataclass(frozen=True)
@@ -84,7 +199,7 @@ def parse_header(text: str, role: str | None) -> Header:
     if m:
         channel = m.group(1) or None
         text = text[: m.start()] + " " + text[m.end() :]
-    text = text.replace("<|constrain|>", " <|constrain|>")
+    text = text.replace(CONSTRAIN, " " + CONSTRAIN)
     parts = text.split()
     if role is None and parts and not parts[0].startswith(("to=", "<|")):
         role = parts.pop(0)
@@ -94,8 +209,8 @@ def parse_header(text: str, role: str | None) -> Header:
     for part in parts:
         if part.startswith("to="):
             recipient = part[3:] or None
-        elif part.startswith("<|constrain|>"):
-            content_type = part[len("<|constrain|>") :] or None
+        elif part.startswith(CONSTRAIN):
+            content_type = part[len(CONSTRAIN) :] or None
         elif recipient is None and part not in _CONTENT_TYPES:
             recipient = part  # bare recipient, as in "<|channel|>commentary functions.f json"
         else:
@@ -108,12 +223,12 @@ class HarmonyParser:
 
     def __init__(self, tok: Tokenizer, role: str = "assistant") -> None:
         self._tok = tok
-        names = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", *END_TOKENS)
+        names = (START, CHANNEL, CONSTRAIN, MESSAGE, *END_TOKENS)
         ids = {name: tok.token_id(name) for name in names}  # None where the vocab lacks one
-        self._start_id = ids["<|start|>"]
-        self._channel_id = ids["<|channel|>"]
-        self._message_id = ids["<|message|>"]
-        self._header_openers = {i for i in (ids["<|channel|>"], ids["<|constrain|>"]) if i is not None}
+        self._start_id = ids[START]
+        self._channel_id = ids[CHANNEL]
+        self._message_id = ids[MESSAGE]
+        self._header_openers = {i for i in (ids[CHANNEL], ids[CONSTRAIN]) if i is not None}
         # Messages end on harmony's end tokens and on any other end-of-generation id (<|endoftext|>).
         self._end_names = {i: tok.token_text(i) for i in tok.eog_ids}
         self._end_names.update({ids[n]: n for n in END_TOKENS if ids[n] is not None})
@@ -122,8 +237,9 @@ class HarmonyParser:
         self._pending: list[int] = []
         self._header_ids: list[int] = []
         self._header = Header()
-        self._decoder = IncrementalDecoder(tok)
+        self._decoder = tok.decoder()
         self._seen_message = False
+        self.anomalies: list[str] = []  # malformed structure met so far (headers or messages cut off)
 
     # ---- public -------------------------------------------------------------------------------
     @property
@@ -180,6 +296,7 @@ class HarmonyParser:
         if t == self._message_id:
             return self._open(self._parse_header())
         if t == self._start_id:
+            self.anomalies.append("a header cut off by another")
             self._begin_header([], role=None)  # restarted header: drop the partial one
             return []
         if t in self._end_names:
@@ -191,10 +308,12 @@ class HarmonyParser:
         if t in self._end_names:
             return self._close(self._end_names[t])
         if t == self._start_id:
+            self.anomalies.append("a message cut off by the next header")
             out = self._close(None)
             self._begin_header([], role=None)
             return out
         if t == self._channel_id:
+            self.anomalies.append("a message cut off by the next header")
             out = self._close(None)
             self._begin_header([t], role="assistant")
             return out
@@ -220,7 +339,7 @@ class HarmonyParser:
 
     def _open(self, header: Header) -> list[Event]:
         self._state, self._header, self._seen_message = "content", header, True
-        self._decoder = IncrementalDecoder(self._tok)
+        self._decoder = self._tok.decoder()
         return [Event("start", header)]
 
     def _feed_text(self, ids: Iterable[int]) -> list[Event]:

@@ -17,6 +17,8 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
+from .harmony import generation_end_ids
+
 # GGUF `tokenizer.ggml.token_type` values (llama.cpp llama_token_type).
 TOKEN_NORMAL = 1
 TOKEN_UNKNOWN = 2
@@ -39,11 +41,6 @@ O200K_PATTERN = "|".join(
 )
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 PRE_PATTERNS = {"gpt-4o": O200K_PATTERN, "default": GPT2_PATTERN, "gpt2": GPT2_PATTERN}
-
-# Names that end generation when present. `<|end|>` is deliberately absent: in harmony it only
-# separates messages (analysis -> final), so stopping on it would cut every answer short.
-EOG_NAMES = ("<|return|>", "<|call|>", "<|endoftext|>")
-
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2 byte-level alphabet: printable bytes map to themselves, the rest to chr(256 + k)."""
@@ -236,20 +233,7 @@ class Tokenizer:
         return tk
 
     def _build_eog(self, extra: Iterable[int]) -> frozenset[int]:
-        ids = set(extra)
-        if self.eos_id is not None:
-            ids.add(self.eos_id)
-        for name in EOG_NAMES:
-            i = self.token_id(name)
-            if i is not None:
-                ids.add(i)
-        # A converter may set eos = <|end|>; with harmony's real stop tokens present, drop it
-        # (as llama.cpp does).
-        end = self.token_id("<|end|>")
-        harmony_stops = self.token_id("<|return|>") is not None and self.token_id("<|call|>") is not None
-        if end is not None and harmony_stops:
-            ids.discard(end)
-        return frozenset(ids)
+        return generation_end_ids(self.token_id, self.eos_id, extra)
 
     # ---- queries ------------------------------------------------------------------------------
     @property
@@ -268,8 +252,12 @@ class Tokenizer:
         """Id of the vocabulary entry spelled `text` (byte-level form for normal tokens), or None."""
         return self._id_by_text.get(text)
 
+    def decoder(self) -> IncrementalDecoder:
+        """A fresh streaming detokenizer over this vocabulary."""
+        return IncrementalDecoder(self)
+
     def token_text(self, token_id: int) -> str:
-        """The token's text: specials as written (`<|start|>`), others decoded (may hold U+FFFD)."""
+        """The token's text: specials as written, others decoded (may hold U+FFFD)."""
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -287,7 +275,7 @@ class Tokenizer:
 
     # ---- encode / decode ----------------------------------------------------------------------
     def encode(self, text: str, allow_special: bool = True, max_tokens: int | None = None) -> list[int]:
-        """Text -> ids. With allow_special, control/added token strings (`<|start|>`) become their
+        """Text -> ids. With allow_special, control/added token strings (special tokens) become their
         ids; without, they are encoded as ordinary text. No BOS is added.
 
         Long texts are encoded in pieces split where the pre-tokenizer always splits (same ids),

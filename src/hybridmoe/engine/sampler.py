@@ -3,8 +3,9 @@
 draw; temperature <= 0 keeps only the top, so a greedy pick sees the bias, penalties, DRY, typical
 and XTC too. Mirostat (1 or 2) replaces the filters: temperature, then Mirostat's own draw. The
 penalties and DRY count the prompt's tokens and the reply's, as llama-server feeds the prompt to
-its sampler. The steps are in engine/samplers.py and engine/dry.py. One `Sampler` per request owns
-its RNG and history, so a seeded request gives the same tokens whatever else is batched with it.
+its sampler. The steps are in engine/sampler_steps.py and engine/dry.py. One `Sampler` per
+request owns its RNG and history, so a seeded request gives the same tokens whatever else is
+batched with it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridmoe.engine import samplers as steps
+from hybridmoe.engine import sampler_steps as steps
 from hybridmoe.engine.dry import Breakers, Dry
 from hybridmoe.settings import SAMPLER_NAMES, SAMPLER_ORDER, SAMPLING_DEFAULTS, SamplerSettings, check_sampling
 
