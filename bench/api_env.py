@@ -4,7 +4,7 @@
 
 Four ways to run the same greedy generation (same prompt, same token count), each a fresh
 process, alternating over `--runs`:
-  cli             `hybridmoe generate` (the CLI sets OMP_WAIT_POLICY=PASSIVE unless it is set)
+  cli             `hybridmoe generate` (which set OMP_WAIT_POLICY=PASSIVE before 2026-12-06)
   api             `LLM(...).generate`, OMP_WAIT_POLICY unset, hybridmoe imported first
   api-torch-first the same with `import torch` before hybridmoe
   api-passive     the same as api with OMP_WAIT_POLICY=PASSIVE in the environment

@@ -8,7 +8,7 @@ import pytest
 
 # One thread everywhere: spinning OpenMP pools collapse on a shared 2-core machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (hybridmoe.cli)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning waits collapse on a shared 2-core CI box
 
 
 @pytest.fixture(scope="session")

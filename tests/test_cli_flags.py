@@ -21,8 +21,10 @@ from hybridmoe.settings import (
     ContextSettings,
     ParallelSettings,
     PlacementSettings,
+    ResidencySettings,
     SamplingDefaults,
     ServerLimits,
+    ServerSettings,
     SettingsError,
     add_compute_args,
     add_context_args,
@@ -86,7 +88,7 @@ def test_shared_groups_are_identical_across_commands(group, monkeypatch):
 
 COMMANDS_OF = {PlacementSettings: GROUPS["placement"][1], ContextSettings: GROUPS["context"][1],
                ParallelSettings: GROUPS["parallel"][1], ComputeSettings: GROUPS["compute"][1],
-               SamplingDefaults: GROUPS["sampling"][1], ServerLimits: ("serve",)}
+               SamplingDefaults: GROUPS["sampling"][1], ServerLimits: ("serve",), ServerSettings: ("serve",)}
 SAMPLE_VALUES = {"override_tensor": "exps=CPU", "gpu_device": "cuda:1", "gpu_dense_dtype": "bf16", "fit": "on",
                  "cache_type_k": "f16", "cache_type_v": "q8_0",
                  "n_gpu_layers": "auto", "temp": "0.5", "top_p": "0.5", "min_p": "0.1", "logit_bias": "15+1"}
@@ -133,11 +135,45 @@ def test_serve_accepts_ngl_minus_one_through_the_cli_parser():
     (["--top-p", "0"], SamplingDefaults, "--top-p"),
     (["-n", "0"], SamplingDefaults, "-n/--n-predict"),
     (["--max-queue", "-1"], ServerLimits, "--max-queue"),
+    (["--port", "70000"], ServerSettings, "--port"),
 ])
 def test_validation_names_the_flag_in_every_command(argv, settings, flag):
     for name in COMMANDS_OF[settings]:
         with pytest.raises(SettingsError, match=re.escape(flag) + " must"):
             settings.from_args(parse(name, argv))
+
+
+class _ReadsRecorded(argparse.Namespace):
+    """A Namespace that remembers which of its attributes were read."""
+
+    def __init__(self, ns: argparse.Namespace) -> None:
+        super().__init__(**vars(ns))
+        object.__setattr__(self, "reads", set())
+
+    def __getattribute__(self, name: str):
+        if not name.startswith("_") and name != "reads":
+            object.__getattribute__(self, "reads").add(name)
+        return object.__getattribute__(self, name)
+
+
+def test_every_serve_flag_lands_in_a_typed_settings_group():
+    parser = command_parser("serve")
+    args = _ReadsRecorded(parser.parse_args([]))
+    serve.ServeSettings.from_args(args)
+    # -m / -hf pick the file (commands/model_source.py); --cache-idle-slots is accepted, always on.
+    not_settings = {"help", "version", "model", "hf_repo", "hf_file", "cache_idle_slots"}
+    flags = {a.dest for a in parser._actions} - not_settings
+    assert flags - args.reads == set()
+
+
+@pytest.mark.parametrize("argv,pin,noted", [
+    ([], False, False), (["--mlock"], True, False), (["-lm", "mlock"], True, False),
+    (["-lm", "mmap+mlock"], True, False), (["-lm", "none"], False, True), (["-lm", "dio"], False, True),
+    (["--no-mmap"], False, True), (["-lm", "mmap"], False, False),
+])
+def test_load_modes_as_llama_server_means_them(argv, pin, noted):
+    r = ResidencySettings.from_args(parse("serve", argv))
+    assert (r.pin, bool(r.notes())) == (pin, noted)
 
 
 def test_parallel_minus_one_is_llama_servers_auto():
@@ -197,7 +233,9 @@ def test_set_aside_takes_each_flag_with_its_values(argv, kept, foreign):
     assert set_aside(argv) == (kept, foreign)
 
 
-def test_import_leaves_omp_wait_policy_to_the_caller(tmp_path):
+def test_neither_import_nor_the_cli_sets_omp_wait_policy(tmp_path):
+    """The engine needs no OpenMP setting (bench/api_env.py), so the caller's environment is left
+    as it is."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     code = "import os, hybridmoe; print(os.environ.get('OMP_WAIT_POLICY'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -206,7 +244,7 @@ def test_import_leaves_omp_wait_policy_to_the_caller(tmp_path):
             "print(os.environ.get('OMP_WAIT_POLICY'))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.gguf")], env=env, capture_output=True,
                          text=True, timeout=120)
-    assert out.stdout.strip().splitlines()[-1] == "PASSIVE", out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "None", out.stderr
 
 
 @pytest.mark.parametrize("k,v,kv_bytes,notes", [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 # name -> module under hybridmoe.commands; imported lazily so `inspect` never pays for torch.
@@ -15,9 +14,6 @@ LLAMA_COMPATIBLE = {"serve"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Before any command imports torch: OpenMP's spinning waits would take the cores the expert
-    # kernels' own threads run on. (Library users set it themselves; see hybridmoe/__init__.py.)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="hybridmoe", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
