@@ -31,6 +31,7 @@ import hybridmoe.kernels as K
 import machine
 import record
 from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.kernels._lib import LIB
 
 # (record key, mode) of the T=1 cases; "default" and "fast" are the keys every record has.
 T1_MODES = (("default", K.Activations.FP32), ("int16", K.Activations.INT16), ("int8x3", K.Activations.INT8X3),
@@ -111,7 +112,7 @@ def read_bandwidth_c(buf: np.ndarray, repeats: int) -> float | None:
     if not K.available():
         return None
     addr = buf.__array_interface__["data"][0]
-    return buf.nbytes / median_time(lambda: K._lib_handle.hm_read_probe(addr, buf.nbytes), repeats) / 1e9
+    return buf.nbytes / median_time(lambda: LIB.hm_read_probe(addr, buf.nbytes), repeats) / 1e9
 
 
 def main() -> None:

@@ -70,12 +70,13 @@ def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 3) -> tuple[fl
     import numpy as np
 
     from hybridmoe import kernels as K
+    from hybridmoe.kernels._lib import LIB
 
     buf = np.ones(int(gib * 2**30) // 8, dtype=np.float64)
     if K.available():
         K.set_num_threads(threads)
         addr = buf.__array_interface__["data"][0]
-        run, how = (lambda: K._lib_handle.hm_read_probe(addr, buf.nbytes)), "C read loop"
+        run, how = (lambda: LIB.hm_read_probe(addr, buf.nbytes)), "C read loop"
     else:
         run, how = (lambda: float(buf.sum())), "numpy sum, 1 thread"
     run()

@@ -17,10 +17,11 @@ import pytest
 from hybridmoe.commands import generate, serve
 from hybridmoe.commands.llama_flags import parse_llama_command_line
 from hybridmoe.gguf.constants import BLOCK_SIZES
-from hybridmoe.gguf.reader import GGUFError, TensorInfo, open_model
+from hybridmoe.gguf.errors import GGUFError
+from hybridmoe.gguf.reader import TensorInfo, open_model
 from hybridmoe.quant.check import check_tensors
 from hybridmoe.quant_mix import MIXES
-from hybridmoe.settings import LoadSettings
+from hybridmoe.settings import ChatSettings, LoadSettings
 from hybridmoe.synth import write_synthetic
 from tests.damaged_files import ALL_TYPES, TARGET, T, block_offset, cli_fails, model_with, patch
 
@@ -193,6 +194,6 @@ def test_without_the_flag_nothing_is_scanned(tmp_path: Path, clean_files, monkey
         raise AssertionError("scanned without --check-tensors")
 
     monkeypatch.setattr(check, "check_tensors", never)
-    serve._preflight(_serve_args([], {}), str(path), LoadSettings())  # header and metadata only: passes
+    serve._preflight(ChatSettings(), str(path), LoadSettings())  # header and metadata only: passes
     with pytest.raises(AssertionError, match="scanned"):
-        serve._preflight(_serve_args([], {}), str(path), LoadSettings(check_tensors=True))
+        serve._preflight(ChatSettings(), str(path), LoadSettings(check_tensors=True))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridmoe.gguf.reader import GGUFError, open_model
+from hybridmoe.gguf.errors import GGUFError
+from hybridmoe.gguf.reader import open_model
 from hybridmoe.gguf.writer import TensorSpec, write_gguf
 from hybridmoe.models.gpt_oss import GptOss
 from hybridmoe.synth import PRESETS, synth_metadata, synth_tensors

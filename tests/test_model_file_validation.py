@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridmoe.gguf.reader import GGUFError, open_model
+from hybridmoe.gguf.errors import GGUFError
+from hybridmoe.gguf.reader import open_model
 from hybridmoe.gguf.writer import write_gguf
 from hybridmoe.gpt_oss_config import GptOssConfig
 from hybridmoe.placement.memory import fit_context, kv_cache_bytes

@@ -17,7 +17,7 @@ from hybridmoe.gguf.reader import open_model
 from hybridmoe.gguf.writer import write_gguf
 from hybridmoe.gpt_oss_config import GptOssConfig
 from hybridmoe.placement import PlacementError, PlacementOptions, check_fits, make_plan
-from hybridmoe.placement import plan as plan_mod
+from hybridmoe.placement import fit as fit_mod
 from hybridmoe.placement.report import format_plan
 from hybridmoe.placement.rules import normalize_device, parse_overrides
 from hybridmoe.settings import PlacementSettings, SettingsError
@@ -84,7 +84,7 @@ def test_bf16_dense_weights_cost_exactly_their_bf16_bytes(index):
 def test_auto_precision_picks_the_most_precise_choice_that_fits(index, monkeypatch, fast_math):
     # Exact numerics (the default): f32 dense + f32 KV, then stored dense (same values), then an
     # f16 cache; --fast-math starts from bf16 dense + f16 KV. No budget known: the smallest.
-    monkeypatch.setattr(plan_mod, "cuda_free_bytes", lambda device: None)
+    monkeypatch.setattr(fit_mod, "cuda_free_bytes", lambda device: None)
     assert PlacementOptions().placement.gpu_dense_dtype == "auto" and PlacementOptions().kv_dtype_bytes is None
     big, big_kv = ("bf16", 2.0) if fast_math else ("f32", 4.0)
     order = list(dict.fromkeys([(big, big_kv), ("stored", big_kv), (big, 2.0), ("stored", 2.0)]))
@@ -288,13 +288,13 @@ def test_bad_placement_settings_name_the_flag(kw, msg):
 
 
 def test_fit_without_budget_or_cuda_says_what_to_pass(index, monkeypatch):
-    monkeypatch.setattr(plan_mod, "cuda_free_bytes", lambda device: None)
+    monkeypatch.setattr(fit_mod, "cuda_free_bytes", lambda device: None)
     with pytest.raises(PlacementError, match="--vram-budget"):
         plan_for(index, "120b", fit=True)
 
 
 def test_fit_default_budget_is_free_memory_minus_margin(index, monkeypatch):
-    monkeypatch.setattr(plan_mod, "cuda_free_bytes", lambda device: 100 * GIB)
+    monkeypatch.setattr(fit_mod, "cuda_free_bytes", lambda device: 100 * GIB)
     p = plan_for(index, "120b", fit=True)
     assert p.n_gpu_expert_layers == 36
     assert "budget 99.00 GiB" in p.notes[0]

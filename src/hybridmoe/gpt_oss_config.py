@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hybridmoe.gguf.reader import GGUFError
+from hybridmoe.gguf.errors import GGUFError
 from hybridmoe.gguf.validate import MetadataValues
 
 ARCH = "gpt-oss"

@@ -8,6 +8,7 @@ import torch
 
 import hybridmoe.kernels as K
 from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.kernels._lib import LIB
 
 try:  # the project's own quantizer once it has landed, else llama.cpp's numpy reference
     from hybridmoe.quant.formats import quantize as _quantize
@@ -24,7 +25,7 @@ ALL_ISAS = ("scalar", "avx2", "avx512")
 
 
 def isa_supported(name: str) -> bool:
-    return K.available() and bool(K._lib_handle.hm_isa_supported(name.encode()))
+    return K.available() and bool(LIB.hm_isa_supported(name.encode()))
 
 
 def isa_params():

@@ -10,6 +10,7 @@ import torch
 
 import hybridmoe.kernels as K
 from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.kernels._lib import LIB
 
 from kernel_helpers import dequant64, isa_params, make_experts, moe_reference64, quantized, rel_err, routing
 
@@ -51,7 +52,7 @@ def kernel_q16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     q = np.full(pairs * 128, 12345, dtype=np.int16)  # the kernel must write every element
     d = np.full(pairs * 8, 7.0, dtype=np.float32)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    n = K._lib_handle.hm_quantize_q16(x.ctypes.data, K_, q.ctypes.data, d.ctypes.data)
+    n = LIB.hm_quantize_q16(x.ctypes.data, K_, q.ctypes.data, d.ctypes.data)
     assert n == pairs * 128
     pos = layout_positions(nb + 1)  # row nb: the odd last block's missing partner
     d4 = d.reshape(pairs * 2, 4)

@@ -12,6 +12,7 @@ import torch
 
 import hybridmoe.kernels as K
 from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.kernels._lib import LIB
 
 from kernel_helpers import dequant64, isa_params, isa_supported, make_experts, moe_reference64, quantized, rel_err, routing
 
@@ -90,7 +91,7 @@ def kernel_d3(x: np.ndarray) -> np.ndarray:
     nq = (x.size // 32 + 3) // 4
     q = np.full(64 + nq * 512, 0xA5, dtype=np.uint8)  # the kernel must write every byte
     x = np.ascontiguousarray(x, dtype=np.float32)
-    assert K._lib_handle.hm_quantize_d3(x.ctypes.data, x.size, q.ctypes.data) == q.size
+    assert LIB.hm_quantize_d3(x.ctypes.data, x.size, q.ctypes.data) == q.size
     return q
 
 

@@ -14,6 +14,7 @@ import torch
 
 import hybridmoe.kernels as K
 from hybridmoe.gguf.constants import GGMLType
+from hybridmoe.kernels._lib import LIB
 
 from kernel_helpers import dequant64, isa_params, make_experts, moe_reference64, quantized, rel_err, routing
 
@@ -290,7 +291,7 @@ def test_quantize_q8_matches_numpy_bit_for_bit(isa, k_in, use_isa):
         x[i * 32:(i + 1) * 32] = blk
     q_buf = np.full(k_in // 64 * 96 + 96, 0x55, np.uint8)
     d_buf = np.full((nb + 1) // 2 * 8 + nb, 7.0, np.float32)
-    n = K._lib_handle.hm_quantize_q8(x.ctypes.data, k_in, q_buf.ctypes.data, d_buf.ctypes.data)
+    n = LIB.hm_quantize_q8(x.ctypes.data, k_in, q_buf.ctypes.data, d_buf.ctypes.data)
     pairs = (nb + 1) // 2
     assert n == pairs * 96
     q, d, lanes, sums = _quantize_q8_numpy(x)

@@ -15,6 +15,7 @@ import torch
 import hybridmoe.kernels as K
 from hybridmoe.gguf.constants import GGMLType
 from hybridmoe.kernels import reference
+from hybridmoe.kernels._lib import LIB
 
 from kernel_helpers import default_tol, isa_params, make_experts, moe_reference64, quantized, rel_err, routing
 
@@ -215,7 +216,7 @@ def test_set_isa_and_threads_validation():
         K.set_num_threads(0)
     if K.available():
         for name in ("scalar", "avx2", "avx512"):
-            if not K._lib_handle.hm_isa_supported(name.encode()):
+            if not LIB.hm_isa_supported(name.encode()):
                 with pytest.raises(ValueError, match="does not support"):
                     K.set_isa(name)
 
@@ -225,7 +226,7 @@ def test_forced_variants_report_themselves(use_isa):
     if not K.available():
         pytest.skip("compiled kernels not built")
     for name in ("scalar", "avx2", "avx512"):
-        if K._lib_handle.hm_isa_supported(name.encode()):
+        if LIB.hm_isa_supported(name.encode()):
             K.set_isa(name)
             assert K.isa() == name
 
@@ -276,7 +277,7 @@ def test_swiglu_kernel_exact_across_isas_and_close_to_float64(isa, n, bias, use_
     def run(name: str) -> np.ndarray:
         use_isa(name)
         out = np.full((rows, n + 3), 9.0, np.float32)  # ldo > n: the pad must stay untouched
-        rc = K._lib_handle.hm_swiglu(g.ctypes.data, u.ctypes.data, rows, n, gb.ctypes.data if bias else None,
+        rc = LIB.hm_swiglu(g.ctypes.data, u.ctypes.data, rows, n, gb.ctypes.data if bias else None,
                                      ub.ctypes.data if bias else None, 1.702, 7.0, out.ctypes.data, n + 3)
         assert rc == 0
         assert (out[:, n:] == 9.0).all()

@@ -17,6 +17,8 @@ import pytest
 
 from hybridmoe.commands import serve
 from hybridmoe.commands.llama_flags import LLAMA_ENV_FLAGS, LLAMA_SERVER_ONLY_FLAGS, parse_llama_command_line
+from hybridmoe.settings import ServerSettings, WebSettings
+from hybridmoe.settings.loading import LOAD_MODES
 
 from .conftest import API_KEY, ServerProcess, start_server, stop_server
 
@@ -117,19 +119,23 @@ def test_env_api_key_and_key_file(tmp_path: Path):
     keys = tmp_path / "keys.txt"
     keys.write_text("# the team's keys\nfile-key\n\n#old-key\n")
     args = parse(["--api-key", "cli-key"], {"LLAMA_API_KEY": "env-key", "LLAMA_ARG_API_KEY_FILE": str(keys)})
-    assert serve._api_keys(args) == ["env-key", "cli-key", "file-key"]
+    assert ServerSettings.from_args(args).api_keys() == ["env-key", "cli-key", "file-key"]
+
+
+def ui_settings(argv: list[str], environ: dict[str, str]) -> dict:
+    return WebSettings.from_args(parse(argv, environ)).ui_settings()
 
 
 def test_ui_config(tmp_path: Path, capsys):
-    assert serve._ui_settings(parse(["--webui-config", '{"temperature": 0.2}'], {})) == {"temperature": 0.2}
+    assert ui_settings(["--webui-config", '{"temperature": 0.2}'], {}) == {"temperature": 0.2}
     f = tmp_path / "ui.json"
     f.write_text('{"systemMessage": "Hi"}')
-    assert serve._ui_settings(parse(["--ui-config-file", str(f)], {})) == {"systemMessage": "Hi"}
-    assert serve._ui_settings(parse([], {"LLAMA_ARG_UI_CONFIG_FILE": str(f)})) == {"systemMessage": "Hi"}
-    assert serve._ui_settings(parse([], {})) == {}
+    assert ui_settings(["--ui-config-file", str(f)], {}) == {"systemMessage": "Hi"}
+    assert ui_settings([], {"LLAMA_ARG_UI_CONFIG_FILE": str(f)}) == {"systemMessage": "Hi"}
+    assert ui_settings([], {}) == {}
     f.write_text("[1]")
     with pytest.raises(ValueError, match="--ui-config-file .*expected a JSON object"):
-        serve._ui_settings(parse(["--ui-config-file", str(f)], {}))
+        ui_settings(["--ui-config-file", str(f)], {})
     with pytest.raises(SystemExit):
         parse(["--ui-config", "{nope"], {})
     assert "--ui-config" in capsys.readouterr().err
@@ -146,7 +152,7 @@ def test_api_prefix_spellings(value, prefix):
     ("mmap+mlock", True, False), ("dio", False, True)])
 def test_load_modes(mode, mlock, no_mmap):
     args = parse(["-lm", mode], {})
-    assert serve.LOAD_MODES[args.load_mode] == (mlock, no_mmap)
+    assert LOAD_MODES[args.load_mode] == (mlock, no_mmap)
 
 
 # ---- real servers ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from hybridmoe.commands import serve
 from hybridmoe.commands.llama_flags import parse_llama_command_line
-from hybridmoe.settings import PlacementSettings
+from hybridmoe.settings import PlacementSettings, ServerSettings
 
 LLAMA_LINE = ("-m model.gguf --n-cpu-moe 36 --n-gpu-layers 999 -c 0 -fa --jinja --reasoning-format none "
               "--host 0.0.0.0 --port 8502 --api-key dummy").split()
@@ -30,7 +30,7 @@ def test_llama_server_command_line():
     args = parse(LLAMA_LINE)
     assert (args.model, args.host, args.port, args.ctx_size) == ("model.gguf", "0.0.0.0", 8502, 0)
     assert args.flash_attn == "on" and args.jinja and args.reasoning_format == "none"
-    assert serve._api_keys(args) == ["dummy"]
+    assert ServerSettings.from_args(args).api_keys() == ["dummy"]
     settings = serve.ServeSettings.from_args(args)
     assert settings.placement == PlacementSettings(n_gpu_layers=999, n_cpu_moe=36)
     assert settings.parallel.n_parallel == 4
@@ -62,7 +62,7 @@ def test_repeatable_flags_and_placement():
     args = parse(["--api-key", "a,b", "--api-key", "c", "-ot", r"blk\.1\.ffn_.*_exps=CPU,blk\.2\..*=CUDA0",
                   "-ot", "exps=CPU", "--cpu-moe", "-a", "my-model", "--chat-template-kwargs",
                   '{"reasoning_effort": "high"}'])
-    assert serve._api_keys(args) == ["a", "b", "c"]
+    assert ServerSettings.from_args(args).api_keys() == ["a", "b", "c"]
     # -ot values travel as given; placement.rules.parse_overrides is the one place that splits them
     assert serve.ServeSettings.from_args(args).placement == PlacementSettings(
         cpu_moe=True, override_tensor=(r"blk\.1\.ffn_.*_exps=CPU,blk\.2\..*=CUDA0", "exps=CPU"))
@@ -73,11 +73,14 @@ def test_api_key_file_and_env(tmp_path, monkeypatch):
     keys = tmp_path / "keys.txt"
     keys.write_text("k1\n\n  k2  \n")
     monkeypatch.setenv("LLAMA_API_KEY", "from-env")
-    assert serve._api_keys(parse(["--api-key-file", str(keys)])) == ["from-env", "k1", "k2"]
+    def api_keys(argv: list[str]) -> list[str]:
+        return ServerSettings.from_args(parse(argv)).api_keys()
+
+    assert api_keys(["--api-key-file", str(keys)]) == ["from-env", "k1", "k2"]
     # the newest llama-server takes both (checked: LLAMA_API_KEY=a llama-server --api-key b accepts a and b)
-    assert serve._api_keys(parse(["--api-key", "cli", "--api-key-file", str(keys)])) == ["from-env", "cli", "k1", "k2"]
+    assert api_keys(["--api-key", "cli", "--api-key-file", str(keys)]) == ["from-env", "cli", "k1", "k2"]
     monkeypatch.delenv("LLAMA_API_KEY")
-    assert serve._api_keys(parse([])) == []
+    assert api_keys([]) == []
 
 
 @pytest.mark.parametrize("argv", [["--chat-template-kwargs", "[1]"], ["--chat-template-kwargs", "{bad"],

@@ -7,7 +7,8 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-from hybridmoe.gguf.reader import GGUFError, ModelFile, open_model
+from hybridmoe.gguf.errors import GGUFError
+from hybridmoe.gguf.reader import ModelFile, open_model
 
 MAX_ARRAY_ITEMS = 16  # longer arrays print as a summary such as "[201088 strings]"
 MAX_STR_CHARS = 120

@@ -14,8 +14,9 @@ import sys
 
 from hybridmoe.commands.model_source import add_model_args, model_file
 from hybridmoe.gguf.residency import available_ram_bytes
+from hybridmoe.placement.fit import check_fits, make_plan
 from hybridmoe.placement.memory import GIB
-from hybridmoe.placement.plan import PlacementOptions, check_fits, make_plan
+from hybridmoe.placement.plan import PlacementOptions
 from hybridmoe.placement.report import format_plan
 from hybridmoe.placement.rules import PlacementError
 from hybridmoe.settings import (
@@ -55,7 +56,8 @@ def options_from_args(args: argparse.Namespace) -> PlacementOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybridmoe.gguf.reader import GGUFError, open_model
+    from hybridmoe.gguf.errors import GGUFError
+    from hybridmoe.gguf.reader import open_model
     from hybridmoe.gpt_oss_config import GptOssConfig
 
     try:

@@ -9,7 +9,6 @@ lines keep working; its LLAMA_ARG_* environment variables are read too (the comm
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import ssl
@@ -25,25 +24,38 @@ from hybridmoe import __version__
 from hybridmoe.commands.llama_flags import is_flag
 from hybridmoe.commands.model_source import add_model_args, model_file
 from hybridmoe.settings import (
+    AttentionSettings,
+    ChatSettings,
     ComputeSettings,
     ContextSettings,
+    EndpointSettings,
     LoadSettings,
     ParallelSettings,
     PlacementSettings,
     PromptCacheSettings,
+    RequestDefaults,
+    ResidencySettings,
     SamplingDefaults,
     ServerLimits,
+    ServerSettings,
     SpeculativeSettings,
+    WebSettings,
+    add_attention_args,
+    add_chat_args,
     add_compute_args,
     add_context_args,
+    add_endpoint_args,
     add_load_args,
     add_parallel_args,
     add_placement_args,
     add_prompt_cache_args,
+    add_request_default_args,
+    add_residency_args,
     add_sampling_args,
+    add_server_args,
     add_server_limit_args,
     add_speculative_args,
-    on_off,
+    add_web_args,
     spec_type_notes,
 )
 from hybridmoe.tokenizer.builtin_templates import BUILTIN_TEMPLATES, resolve_chat_template
@@ -51,62 +63,36 @@ from hybridmoe.tokenizer.builtin_templates import BUILTIN_TEMPLATES, resolve_cha
 log = logging.getLogger("hybridmoe.serve")
 
 
-_EFFORTS = {"default": None, "none": "none", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
-            "xhigh": "high", "max": "high"}
-
-
-def _effort(value: str) -> str | None:
-    """llama-server's --reasoning-effort levels, as the gpt-oss template's three (or none)."""
-    if value.lower() not in _EFFORTS:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(_EFFORTS)}, got {value!r}")
-    return _EFFORTS[value.lower()]
-
-
-def _json_object(value: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
-    return obj
-
-
-def _api_prefix(value: str) -> str:
-    """'/api' from 'api', '/api' or '/api/' (llama-server's form: a leading slash, none trailing)."""
-    if any(c in value for c in "?#% \t"):
-        raise argparse.ArgumentTypeError(f"expected a path such as /api, got {value!r}")
-    v = value.strip("/")
-    return "/" + v if v else ""
-
-
-# llama-server's -lm/--load-mode values as (pin the weights in RAM: --mlock, read the file instead
-# of mapping it: --no-mmap, which changes nothing here). Its "mlock" reads and locks; pinning the
-# mapping gives the same resident, locked weights.
-LOAD_MODES = {"auto": (False, False), "mmap": (False, False), "none": (False, True), "dio": (False, True),
-              "mlock": (True, False), "mmap+mlock": (True, False)}
-
-
 @dataclass(frozen=True)
 class ServeSettings:
     """Every typed setting `serve` reads from its command line, validated before the port is bound."""
 
+    server: ServerSettings
+    endpoints: EndpointSettings
+    request_defaults: RequestDefaults
+    web: WebSettings
+    chat: ChatSettings
+    limits: ServerLimits
     compute: ComputeSettings
     context: ContextSettings
+    attention: AttentionSettings
     parallel: ParallelSettings
     placement: PlacementSettings
     prompt_cache: PromptCacheSettings
     sampling: SamplingDefaults
-    limits: ServerLimits
     speculative: SpeculativeSettings
     load: LoadSettings
+    residency: ResidencySettings
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:
-        return cls(ComputeSettings.from_args(args), ContextSettings.from_args(args),
-                   ParallelSettings.from_args(args), PlacementSettings.from_args(args),
-                   PromptCacheSettings.from_args(args), SamplingDefaults.from_args(args),
-                   ServerLimits.from_args(args), SpeculativeSettings.from_args(args), LoadSettings.from_args(args))
+        return cls(ServerSettings.from_args(args), EndpointSettings.from_args(args), RequestDefaults.from_args(args),
+                   WebSettings.from_args(args), ChatSettings.from_args(args), ServerLimits.from_args(args),
+                   ComputeSettings.from_args(args), ContextSettings.from_args(args),
+                   AttentionSettings.from_args(args), ParallelSettings.from_args(args),
+                   PlacementSettings.from_args(args), PromptCacheSettings.from_args(args),
+                   SamplingDefaults.from_args(args), SpeculativeSettings.from_args(args),
+                   LoadSettings.from_args(args), ResidencySettings.from_args(args))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -116,112 +102,25 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description=__doc__,
         allow_abbrev=False,  # an unknown llama-server flag must never match one of ours by prefix
     )
-    a = p.add_argument
     add_model_args(p, "GGUF file (first part of a split model); default: bundled demo")
-    a("--version", action="version", version=f"hybridmoe {__version__}")
-    a("--host", default="127.0.0.1", help="address(es) to listen on, comma-separated (UNIX socket: a path "
-                                          "ending in .sock); with several, :: binds IPv6 only")
-    a("--port", type=int, default=8080)
-    a("--api-key", action="append", default=[], help="accepted key (repeatable; comma-separated allowed)")
-    a("--api-key-file", default=None, help="file with one API key per line")
-    a("-a", "--alias", default=None, help="model name(s), comma-separated: /v1/models id and aliases")
-    a("--tags", default=None, help="model tags, comma-separated (informational, listed by /v1/models)")
-    a("-fa", "--flash-attn", nargs="?", const="on", default="auto", type=on_off)
-    a("--jinja", action="store_true", help="accepted; the GGUF's Jinja template is always used")
-    a("--chat-template-file", default=None)
-    a("--chat-template", default=None,
-      help=f"a built-in template name ({', '.join(sorted(BUILTIN_TEMPLATES))}) or a Jinja template")
-    a("--reasoning-format", choices=["none", "auto", "deepseek"], default="auto")
-    a("-rea", "--reasoning", default="auto", type=on_off,
-      help="reasoning in chats: on, off (harmony replies skip the analysis channel) or auto; the "
-           "template's enable_thinking")
-    a("--chat-template-kwargs", type=_json_object, default=None)
-    a("--sse-ping-interval", type=float, default=30.0, metavar="SECONDS",
-      help="a stream silent this long (a long prompt) sends an SSE comment to stay alive; -1 never")
-    a("--reasoning-effort", type=_effort, default=None, metavar="LEVEL",
-      help="reasoning effort for chat requests that give none: low, medium, high or none (minimal = low; "
-           "xhigh, max = high: gpt-oss knows three levels); default: the template's")
-    a("--skip-chat-parsing", dest="skip_chat_parsing", action="store_true",
-      help="replies as raw text in content (analysis channel and tool calls unparsed): --reasoning-format none")
-    a("--no-skip-chat-parsing", dest="skip_chat_parsing", action="store_false")
-    a("--ignore-eos", action="store_true", help="requests that give no ignore_eos go on past the end token")
-    a("--cache-prompt", dest="cache_prompt", action="store_true", default=True,
-      help="reuse cached prompt prefixes (default; per request: cache_prompt)")
-    a("--no-cache-prompt", dest="cache_prompt", action="store_false")
-    a("--reasoning-budget", type=int, default=-1, metavar="N",
-      help="thinking tokens per reply: -1 no limit, 0 end at once, N then the end is written for the model")
-    a("--reasoning-budget-message", default="", metavar="MESSAGE",
-      help="written before the end of the thinking when the budget is spent")
-    a("--mlock", action="store_true", help="pin the mapped weights in RAM")
-    a("--no-mmap", action="store_true")
-    a("-lm", "--load-mode", choices=list(LOAD_MODES), default="auto",
-      help="llama-server's loading mode: mlock and mmap+mlock pin the weights as --mlock; none and dio are "
-           "--no-mmap")
-    a("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore files")
-    a("--responses-dir", default=None, metavar="DIR",
-      help="write stored Responses (previous_response_id) to DIR as well as memory: replicas sharing DIR "
-           "continue each other's conversations, and a restart keeps them (docs/scale-out.md)")
-    a("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
-    a("--slots", dest="slots", action="store_true", default=True, help="expose /slots (default)")
-    a("--no-slots", dest="slots", action="store_false", help="/slots answers 501")
-    a("-v", "--verbose", "--log-verbose", action="store_true",
-      help="debug logging; responses carry llama-server's __verbose field")
-    a("--swa-full", action="store_true", help="full-size KV cache for sliding-window layers (longer prefix reuse)")
-    a("--context-shift", dest="context_shift", action="store_true", default=False,
-      help="accepted; see the README (gpt-oss needs --swa-full for it in llama.cpp too)")
-    a("--no-context-shift", dest="context_shift", action="store_false")
-    a("--api-prefix", type=_api_prefix, default="", metavar="PREFIX",
-      help="serve every endpoint and the web page under this path (e.g. /api); nothing outside it")
-    a("--ui", "--webui", dest="ui", action="store_true", default=True, help="serve the web chat page (default)")
-    a("--no-ui", "--no-webui", dest="ui", action="store_false", help="no web chat page (its paths answer 404)")
-    a("--path", dest="static_path", default=None, metavar="DIR",
-      help="serve this directory's files at / in place of the chat page (another web UI; public like the page)")
-    a("--ui-config", "--webui-config", type=_json_object, default=None, metavar="JSON",
-      help="the chat page's defaults for new visitors (llama-server's keys: systemMessage, temperature, top_k, "
-           "top_p, min_p, repeat_penalty, max_tokens), as /props ui_settings")
-    a("--ui-config-file", "--webui-config-file", default=None, metavar="PATH", help="--ui-config from a file")
-    a("--ssl-key-file", default=None, metavar="FNAME", help="PEM private key: serve HTTPS (with --ssl-cert-file)")
-    a("--ssl-cert-file", default=None, metavar="FNAME", help="PEM certificate: serve HTTPS (with --ssl-key-file)")
-    a("--log-file", default=None, metavar="FNAME", help="write the log to this file as well")
-    a("--cors-origins", default="*", help="allowed origins: * (echo any), localhost, or a comma-separated list")
-    a("--cors-methods", default="GET, POST, DELETE, OPTIONS")
-    a("--cors-headers", default="*", help="allowed headers (* = those the browser asks for)")
-    a("--cors-credentials", dest="cors_credentials", action="store_true", default=True)
-    a("--no-cors-credentials", dest="cors_credentials", action="store_false")
-    for add_group in (add_compute_args, add_context_args, add_parallel_args, add_placement_args,
-                      add_prompt_cache_args, add_sampling_args, add_server_limit_args, add_speculative_args,
-                      add_load_args):
+    p.add_argument("--version", action="version", version=f"hybridmoe {__version__}")
+    add_server_args(p)
+    add_endpoint_args(p)
+    add_request_default_args(p)
+    add_web_args(p)
+    add_chat_args(p, list(BUILTIN_TEMPLATES))
+    for add_group in (add_server_limit_args, add_compute_args, add_context_args, add_attention_args,
+                      add_parallel_args, add_placement_args, add_prompt_cache_args, add_sampling_args,
+                      add_speculative_args, add_load_args, add_residency_args):
         add_group(p)
     p.set_defaults(unknown_flags=[], env_used=[], env_notes=[])  # filled by llama_flags.parse_llama_command_line
     return p
 
 
-def _api_keys(args: argparse.Namespace) -> list[str]:
-    """--api-key (LLAMA_API_KEY too: llama_flags reads it first) and --api-key-file, whose lines
-    starting with '#' are comments, as in llama-server."""
-    keys = [k.strip() for arg in args.api_key for k in arg.split(",") if k.strip()]
-    if args.api_key_file:
-        lines = (ln.strip() for ln in Path(args.api_key_file).read_text().splitlines())
-        keys += [ln for ln in lines if ln and not ln.startswith("#")]
-    return keys
-
-
-def _ui_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """--ui-config-file, else --ui-config (llama-server reads the one given last; both is a mistake)."""
-    if args.ui_config_file:
-        try:
-            return _json_object(Path(args.ui_config_file).read_text())
-        except OSError as e:
-            raise ValueError(f"--ui-config-file {args.ui_config_file}: {e.strerror or e}") from None
-        except argparse.ArgumentTypeError as e:
-            raise ValueError(f"--ui-config-file {args.ui_config_file}: {e}") from None
-    return args.ui_config or {}
-
-
-def _ssl_files(args: argparse.Namespace) -> dict[str, str]:
+def _ssl_files(server: ServerSettings) -> dict[str, str]:
     """uvicorn's HTTPS settings from --ssl-key-file / --ssl-cert-file, the pair loaded once here
     so a missing or mismatched file fails in one line before the port is bound."""
-    key, cert = args.ssl_key_file, args.ssl_cert_file
+    key, cert = server.ssl_key_file, server.ssl_cert_file
     if not key and not cert:
         return {}
     if not (key and cert):
@@ -307,20 +206,18 @@ def _cache_config(cache: PromptCacheSettings) -> Any:
                        cache_ram_bytes=limit)
 
 
-def _preflight(args: argparse.Namespace, path: str, load: LoadSettings) -> None:
-    """Header, metadata values, port and template kwargs (and with --check-tensors every scale and
-    value) checked before the port is bound and before torch is imported: a damaged file fails in
-    one line (GGUFError / ValueError)."""
+def _preflight(chat: ChatSettings, path: str, load: LoadSettings) -> None:
+    """Template kwargs, header and metadata values (and with --check-tensors every scale and value)
+    checked before the port is bound and before torch is imported: a damaged file fails in one
+    line (GGUFError / ValueError)."""
     from hybridmoe.gguf.reader import open_model
     from hybridmoe.gpt_oss_config import GptOssConfig
     from hybridmoe.quant.check import check_tensors_logged
     from hybridmoe.server.limits import check_template_kwargs
 
-    if args.port is not None and not 0 <= args.port <= 65535:
-        raise ValueError(f"--port {args.port} is not a TCP port (0-65535)")
-    if args.chat_template_kwargs:
+    if chat.chat_template_kwargs:
         try:
-            check_template_kwargs(args.chat_template_kwargs, "--chat-template-kwargs")
+            check_template_kwargs(chat.chat_template_kwargs, "--chat-template-kwargs")
         except Exception as e:  # an APIError: say it as a command-line error
             raise ValueError(str(e)) from None
     mf = open_model(path)
@@ -332,30 +229,42 @@ def _preflight(args: argparse.Namespace, path: str, load: LoadSettings) -> None:
         mf.close()
 
 
-def _chat_template(args: argparse.Namespace) -> str | None:
+def _chat_template(chat: ChatSettings) -> str | None:
     """--chat-template-file wins over --chat-template (a built-in name or Jinja), as llama-server."""
-    if args.chat_template_file:
-        return Path(args.chat_template_file).read_text()
-    if args.chat_template:
-        return resolve_chat_template(args.chat_template)
+    if chat.chat_template_file:
+        return Path(chat.chat_template_file).read_text()
+    if chat.chat_template:
+        return resolve_chat_template(chat.chat_template)
     return None
 
 
-def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: Any, server: Any,
+def _service_config(s: ServeSettings, path: str, model_name: str | None) -> Any:
+    """What the Service reads: the chat and endpoint settings, request and sampling defaults."""
+    from hybridmoe.server.service import ServiceConfig
+
+    return ServiceConfig(
+        model_path=path, alias=model_name, tags=list(s.endpoints.tags), reasoning_format=s.chat.parsed_format,
+        reasoning=s.chat.reasoning, chat_template=_chat_template(s.chat),
+        chat_template_kwargs=s.chat.chat_template_kwargs or {}, defaults=s.sampling, seed=s.sampling.request_seed,
+        n_predict=s.sampling.n_predict, verbose=s.server.verbose, slot_save_path=s.endpoints.slot_save_path,
+        reasoning_budget=s.chat.reasoning_budget, reasoning_effort=s.chat.reasoning_effort,
+        ignore_eos=s.request_defaults.ignore_eos, cache_prompt=s.request_defaults.cache_prompt,
+        reasoning_budget_message=s.chat.reasoning_budget_message)
+
+
+def _load(s: ServeSettings, path: str, model_name: str | None, state: Any, server: Any,
           started: Callable[[Any], None]) -> None:
     """Model loading thread: load_model -> Engine -> Service, then /health turns 200. On failure the
     server stops and `serve` exits 1, as llama-server does (no half-alive process)."""
     from hybridmoe.engine.engine import Engine
     from hybridmoe.models.load import ModelSettings, load_model
-    from hybridmoe.server.service import Service, ServiceConfig
+    from hybridmoe.server.service import Service
 
-    s = settings
     try:
         n_parallel = s.parallel.n_parallel
-        loaded = load_model(path, ModelSettings(s.compute, s.placement, s.context, n_parallel,
-                                                mlock=args.mlock or LOAD_MODES[args.load_mode][0]))
+        loaded = load_model(path, ModelSettings(s.compute, s.placement, s.context, n_parallel, mlock=s.residency.pin))
         per_slot = loaded.ctx_size // n_parallel
-        if args.swa_full:
+        if s.attention.swa_full:
             loaded.model.use_full_swa_cache()
         engine = Engine(loaded, n_parallel, per_slot, s.limits.max_queue, batch_size=s.context.step_tokens,
                         cache=_cache_config(s.prompt_cache), speculative=s.speculative)
@@ -365,26 +274,7 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
                      s.prompt_cache.cache_dir)
         engine.start()
         started(engine)
-        config = ServiceConfig(
-            model_path=path,
-            alias=args.alias or args.hf_repo,  # llama-server names an -hf model by its repository
-            tags=[t.strip() for t in (args.tags or "").split(",") if t.strip()],
-            reasoning_format="none" if args.skip_chat_parsing else args.reasoning_format,
-            reasoning=args.reasoning,
-            chat_template=_chat_template(args),
-            chat_template_kwargs=args.chat_template_kwargs or {},
-            defaults=s.sampling,
-            seed=s.sampling.request_seed,
-            n_predict=s.sampling.n_predict,
-            verbose=args.verbose,
-            slot_save_path=args.slot_save_path,
-            reasoning_budget=args.reasoning_budget,
-            reasoning_effort=args.reasoning_effort,
-            ignore_eos=args.ignore_eos,
-            cache_prompt=args.cache_prompt,
-            reasoning_budget_message=args.reasoning_budget_message,
-        )
-        state.service = Service(engine, config)
+        state.service = Service(engine, _service_config(s, path, model_name))
         log.info("model loaded: %s (%d slots x %d tokens of context)", path, n_parallel, per_slot)
     except Exception as e:
         log.debug("load failure", exc_info=True)
@@ -396,12 +286,8 @@ def _load(args: argparse.Namespace, settings: ServeSettings, path: str, state: A
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format=LOG_FORMAT)
-    logging.captureWarnings(True)  # e.g. "no CUDA device: ... run on the CPU" from placement
-    if args.log_file:
-        _log_to_file(args.log_file)
-    settings = ServeSettings.from_args(args)  # SettingsError (a ValueError): one line, before anything starts
+def _log_setting_notes(args: argparse.Namespace, s: ServeSettings) -> None:
+    """The environment variables read, and what was set aside or is served differently: logged once."""
     if args.env_used:
         log.info("settings from the environment: %s", ", ".join(args.env_used))
     for note in args.env_notes:
@@ -409,40 +295,48 @@ def run(args: argparse.Namespace) -> int:
     for word in args.unknown_flags:
         if is_flag(word):
             log.warning("ignoring flag %s: it has no meaning in hybridmoe", word)
-    for note in spec_type_notes(args.spec_type, args.spec_default):
+    for note in (*spec_type_notes(args.spec_type, args.spec_default), *s.residency.notes(), *s.attention.notes()):
         log.warning("%s", note)
-    if args.no_mmap or LOAD_MODES[args.load_mode][1]:
-        log.warning("%s is accepted, but the experts are always used in place from the mmap (--mlock pins them "
-                    "in RAM)", "--no-mmap" if args.no_mmap else f"--load-mode {args.load_mode}")
-    for flag, directory in (("--slot-save-path", args.slot_save_path), ("--prompt-cache-dir", args.prompt_cache_dir),
-                            ("--responses-dir", args.responses_dir)):
+
+
+def _check_paths(s: ServeSettings) -> None:
+    """Directories made and names checked before the model loads: each failure says its flag."""
+    for flag, directory in (("--slot-save-path", s.endpoints.slot_save_path),
+                            ("--prompt-cache-dir", s.prompt_cache.cache_dir),
+                            ("--responses-dir", s.endpoints.responses_dir)):
         if directory:
             try:
                 os.makedirs(directory, exist_ok=True)
             except OSError as e:
                 raise SystemExit(f"hybridmoe serve: {flag} {directory}: {e.strerror or e}") from None
-    if args.chat_template and not args.chat_template_file:
+    if s.chat.chat_template and not s.chat.chat_template_file:
         try:
-            resolve_chat_template(args.chat_template)
+            resolve_chat_template(s.chat.chat_template)
         except ValueError as e:
             raise SystemExit(f"hybridmoe serve: --chat-template: {e}") from None
-    if args.context_shift:
-        # llama.cpp disables it for gpt-oss unless --swa-full (its sliding-window cache cannot shift).
-        log.warning("--context-shift: context shift is not supported by this server, it will be disabled "
-                    "(generation stops at the end of the context with finish_reason \"length\")")
+
+
+def run(args: argparse.Namespace) -> int:
+    s = ServeSettings.from_args(args)  # SettingsError (a ValueError): one line, before anything starts
+    logging.basicConfig(level=logging.DEBUG if s.server.verbose else logging.INFO, format=LOG_FORMAT)
+    logging.captureWarnings(True)  # e.g. "no CUDA device: ... run on the CPU" from placement
+    if s.server.log_file:
+        _log_to_file(s.server.log_file)
+    _log_setting_notes(args, s)
+    _check_paths(s)
     path, is_random = _model_path(args)
     if is_random:
         log.warning("no bundled demo model in this build: serving a RANDOM synthetic model (%s); its output is "
                     "noise. Pass -m FILE for a real model.", path)
-    _preflight(args, path, settings.load)
-    keys = _api_keys(args)
-    https = _ssl_files(args)
-    ui_settings = _ui_settings(args)
-    if args.static_path and not os.path.isdir(args.static_path):
-        raise ValueError(f"--path {args.static_path}: not a directory")
+    _preflight(s.chat, path, s.load)
+    keys = s.server.api_keys()
+    https = _ssl_files(s.server)
+    ui_settings = s.web.ui_settings()
+    if s.web.static_path and not os.path.isdir(s.web.static_path):
+        raise ValueError(f"--path {s.web.static_path}: not a directory")
     from hybridmoe.server.listen import describe_socket, listen_sockets
 
-    sockets = listen_sockets(args.host, args.port)
+    sockets = listen_sockets(s.server.host, s.server.port)
 
     import uvicorn
 
@@ -450,23 +344,25 @@ def run(args: argparse.Namespace) -> int:
     from hybridmoe.server.cors import CorsConfig
     from hybridmoe.server.graceful import GracefulServer
 
-    cors = CorsConfig(origins=args.cors_origins, methods=args.cors_methods, headers=args.cors_headers,
-                      credentials=args.cors_credentials)
-    state = ServerState(api_keys=keys, metrics_enabled=args.metrics, slots_enabled=args.slots, cors=cors,
-                        sse_ping_interval=args.sse_ping_interval, ui=args.ui, api_prefix=args.api_prefix,
-                        ui_settings=ui_settings, static_dir=args.static_path, responses_dir=args.responses_dir)
-    state.max_body_bytes = settings.limits.max_body_bytes
+    w = s.web
+    cors = CorsConfig(origins=w.cors_origins, methods=w.cors_methods, headers=w.cors_headers,
+                      credentials=w.cors_credentials)
+    state = ServerState(api_keys=keys, metrics_enabled=s.endpoints.metrics, slots_enabled=s.endpoints.slots, cors=cors,
+                        sse_ping_interval=s.server.sse_ping_interval, ui=w.ui, api_prefix=s.server.api_prefix,
+                        ui_settings=ui_settings, static_dir=w.static_path, responses_dir=s.endpoints.responses_dir)
+    state.max_body_bytes = s.limits.max_body_bytes
     app = create_app(state)
-    grace = settings.limits.shutdown_grace
+    grace = s.limits.shutdown_grace
     config = uvicorn.Config(app, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=grace + GracefulServer.FINAL_EVENT_SECONDS, **https)
-    life = EngineLife(state, settings.prompt_cache.cache_dir)
+    life = EngineLife(state, s.prompt_cache.cache_dir)
     server = GracefulServer(config, grace, state, on_stopped=life.stop)
-    loader = threading.Thread(target=_load, args=(args, settings, path, state, server, life.started),
+    model_name = s.endpoints.alias or args.hf_repo  # llama-server names an -hf model by its repository
+    loader = threading.Thread(target=_load, args=(s, path, model_name, state, server, life.started),
                               name="hybridmoe-load", daemon=True)
     loader.start()
     for sock in sockets:
-        where = describe_socket(sock, "https" if https else "http") + args.api_prefix
+        where = describe_socket(sock, "https" if https else "http") + s.server.api_prefix
         print(f"hybridmoe: listening on {where} (model {path})", flush=True)
     server.run(sockets=sockets)
     life.stop()

@@ -231,12 +231,12 @@ class GrammarConstraint:
 @dataclass(frozen=True)
 class ToolCallSpecs:
     """tool_choice "auto" / "required" on a harmony (gpt-oss) model: each function's compiled arguments spec
-    (ending with `<|call|>`), applied only once the model writes a call to it, as llama-server's
-    lazy tool-call grammar does; then the ids of harmony's <|start|>, <|end|>, <|message|>,
-    <|call|> and <|return|>; `header`: header text the prompt already wrote for the first message
-    (tool_choice "required" forces `<|channel|>commentary to=functions`); `names`: with that header,
-    what must follow it up to `<|message|>` (`tool_names_spec`: a declared name), as llama-server's
-    grammar for a required call restricts the name too."""
+    (ending with the call-end token), applied only once the model writes a call to it, as llama-server's
+    lazy tool-call grammar does; then the ids of the chat format's message-start, message-end,
+    header-end, call-end and return tokens; `header`: header text the prompt already wrote for the
+    first message (tool_choice "required" forces the commentary channel's `to=functions`); `names`:
+    with that header, what must follow it up to the header-end token (`tool_names_spec`: a declared
+    name), as llama-server's grammar for a required call restricts the name too."""
 
     specs: Mapping[str, ConstraintSpec]
     start: int
@@ -250,8 +250,8 @@ class ToolCallSpecs:
 
 def tool_names_spec(names: list[str], end_ids: tuple[int, ...]) -> ConstraintSpec:
     """`.NAME` for one of `names`, then harmony's content type (` <|constrain|>json`; a bare
-    ` json` or space too): what a required call's header holds between `to=functions` and
-    `<|message|>` (end_ids)."""
+    ` json` or space too): what a required call's header holds between `to=functions` and the
+    header-end token (end_ids)."""
     quoted = " | ".join(json.dumps(n, ensure_ascii=False) for n in dict.fromkeys(names))
     text = f'start: "." ({quoted}) tail?\ntail: " " | " json" | " "? <|constrain|> "json"'
     try:
@@ -262,10 +262,10 @@ def tool_names_spec(names: list[str], end_ids: tuple[int, ...]) -> ConstraintSpe
 
 
 class LazyToolCalls:
-    """Free text until a message header (since <|start|>) names `to=functions.NAME` and reaches
-    <|message|>; then NAME's arguments constraint until <|call|>. Calls to names not in `specs`
-    stay free (the client sees what the model wrote), except the first call of a required one,
-    whose name `tools.names` holds to the declared ones."""
+    """Free text until a message header (since the message-start token) names `to=functions.NAME`
+    and reaches the header-end token; then NAME's arguments constraint until the call-end token.
+    Calls to names not in `specs` stay free (the client sees what the model wrote), except the first
+    call of a required one, whose name `tools.names` holds to the declared ones."""
 
     _RECIPIENT = re.compile(rb"to=functions\.([^\s<]+)")
     _MAX_HEADER = 512  # bytes of header text kept (a recipient comes in the first few tokens)

@@ -1,7 +1,7 @@
 """A token budget for the model's thinking (llama-server's `--reasoning-budget`).
 
-The server names the thinking's start and end as token sequences (gpt-oss: the analysis channel's
-`<|channel|>analysis<|message|>` and `<|end|>`); once the reply has written `tokens` tokens of
+The server names the thinking's start and end as token sequences (the chat format's marks; on
+gpt-oss the analysis channel's header and its message end); once the reply has written `tokens` tokens of
 thinking, the budget message and the end are written for it, one forced token per step, and the
 model goes on from there (on gpt-oss, with its final answer). Each thinking section has its own
 budget, as in llama-server (checked by sending both servers the same requests). A budget without a

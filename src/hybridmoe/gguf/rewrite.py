@@ -12,7 +12,8 @@ import shutil
 from typing import Any
 
 from hybridmoe.gguf.constants import GGUFValueType
-from hybridmoe.gguf.reader import GGUFError, GGUFFile
+from hybridmoe.gguf.errors import GGUFError
+from hybridmoe.gguf.reader import GGUFFile
 from hybridmoe.gguf.writer import TensorSpec, _header
 
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from hybridmoe.gguf.reader import GGUFError
+from hybridmoe.gguf.errors import GGUFError
 
 
 class MetadataValues:

@@ -2,6 +2,8 @@
 
 Every tensor is checked here (dtype, shape, strides, device) once per call; the C side trusts
 the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is copied or repacked.
+The names below are this package's API; Activations live in kernels.activations, the thread and
+crossover settings in kernels.tuning, the library and its block types in kernels._lib.
 
     available() -> bool            the compiled library loaded (else: kernels.reference, torch)
     isa() -> str                   "avx512" | "avx2" | "scalar" | "torch"
@@ -24,7 +26,6 @@ the pointers it gets. Weights stay where they are (GGUF mmap views): nothing is 
 from __future__ import annotations
 
 import ctypes
-import enum
 import logging
 import os
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ import torch
 
 from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
 from hybridmoe.kernels import _lib, reference
+from hybridmoe.kernels._lib import BLOCK_BYTES, EXT_TYPES, KERNEL_TYPES, LIB, NATIVE_TYPES, WHY_MISSING
+from hybridmoe.kernels.activations import ACT16_REL_ERR, INT8X3_REL_ERR, Activations, act_code
+from hybridmoe.kernels.tuning import gemv_max_tokens, num_threads, physical_cores, set_gemv_max_tokens, set_num_threads
 
 log = logging.getLogger(__name__)
 
@@ -44,163 +48,48 @@ __all__ = [
     "set_gemv_max_tokens", "set_isa", "set_num_threads",
 ]
 
-# Stated error of the int16 GEMV path (two int16 terms per element, ~2^-24 of the block max):
-# max|y - y_exact| / max|y_exact| per GEMV / MoE layer, the fp32 path's bound (measured 2e-7..7e-7).
-ACT16_REL_ERR = 1e-5
-# Stated error of the three-digit GEMV path (xi = h 2^16 + m 2^8 + l, |xi| <= 2^22 per block, so
-# <= 2^-22 of the block max per element): the same per-GEMV / per-MoE-layer bound as INT16.
-INT8X3_REL_ERR = 1e-5
-
-
-class Activations(enum.IntEnum):
-    """How a kernel call multiplies its activations with the quantized weights.
-
-    A per-call argument (not a process setting), so two models in one process can differ.
-
-    FP32: fp32 activations, ~1e-7 relative error per GEMV (the default).
-    INT16: on the GEMV path (few tokens per expert or dense call) each activation is split per
-        32-element block into two int16 terms (x = d (hi + lo 2^-16), d = max|x|/32767) and
-        multiplied in exact integer arithmetic (vpmaddwd / vpdpwssd), within ACT16_REL_ERR like
-        fp32; the tile path (many tokens) stays fp32. Opt-in: it measured no faster than fp32 on
-        Zen 4 (one term alone was 1.45x faster but 2-3e-4 off on the test models' logits).
-    INT8X3: on the MXFP4 GEMV path (few tokens per expert or dense call) each activation is
-        scaled per 32-element block by a power of two and split into three signed-byte digits
-        (x = 2^kx (h 2^16 + m 2^8 + l), |.| <= 2^22: 22-23 bits of the block max, like fp32);
-        each digit is one vpdpbusd against the unsigned weight bytes, the digits are combined in
-        exact int32, then one FMA by the block scales: within INT8X3_REL_ERR. Needs AVX-512
-        VNNI + VBMI (`digits_active()`); Q8_0 weights, the tile path and other ISAs compute fp32.
-    INT8: fast math. Activations quantized per 32-element block to int8 (scale max|x|/127, round
-        to nearest) and multiplied in integer arithmetic, on the GEMV and the tile path: cold T=1
-        MoE layer ~1.5-1.7x faster on AVX2 (bench/kernels.py; the memory-bound Q8_0 head
-        ~1.1-1.3x), int8 GEMM on the tile path (MXFP4 ~1.4x, Q8_0 ~1.1x), at ~5e-3 relative error
-        per GEMV (~1e-2 through a MoE layer). NaN/inf in an input block gives NaN outputs.
-    The torch fallback (no library) always computes in fp32.
-    """
-
-    FP32 = 0
-    INT16 = 1
-    INT8 = 2
-    INT8X3 = 3
-
-    @classmethod
-    def for_fast_math(cls, fast_math: bool) -> "Activations":
-        """INT8 when fast math is asked for, else the exact default."""
-        return cls.INT8 if fast_math else cls.FP32
-
-
-def _act(act: Activations) -> int:
-    if not isinstance(act, Activations):
-        raise ValueError(f"act must be a kernels.Activations, got {act!r}")
-    return int(act)
-
 _ISAS = ("avx512", "avx2", "scalar")
-# MXFP4 and Q8_0 have kernels of their own in every activation mode; the other block types the C
-# library reads (EXT_TYPES) are decoded to float32 rows and multiplied in fp32 in every mode.
-_NATIVE = {t: BLOCK_SIZES[t][1] for t in (GGMLType.MXFP4, GGMLType.Q8_0)}
-EXT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.IQ4_NL, GGMLType.IQ4_XS,
-             GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
-KERNEL_TYPES = tuple(_NATIVE) + EXT_TYPES  # block types the C kernels multiply
-_BLOCK = {t: BLOCK_SIZES[t][1] for t in KERNEL_TYPES}  # block bytes of the C-supported types
-
-_lib_handle, _why_missing = _lib.load()
 _warned = False
 
 
 def _warn_fallback() -> None:
     global _warned
     if not _warned:
-        log.warning("hybridmoe C++ kernels unavailable (%s); using the slow torch reference", _why_missing)
+        log.warning("hybridmoe C++ kernels unavailable (%s); using the slow torch reference", WHY_MISSING)
         _warned = True
 
 
 def available() -> bool:
     """True when the compiled kernel library is loaded."""
-    return _lib_handle is not None
+    return LIB is not None
 
 
 def isa() -> str:
     """The kernel variant in use: "avx512", "avx2", "scalar", or "torch" (no library)."""
-    return _lib_handle.hm_get_isa().decode() if _lib_handle else "torch"
+    return LIB.hm_get_isa().decode() if LIB else "torch"
 
 
 def set_isa(name: str) -> None:
     """Force a kernel variant ("avx512", "avx2", "scalar") or pick the best one ("auto")."""
-    if _lib_handle is None:
-        raise RuntimeError(f"no compiled kernels to choose from: {_why_missing}")
+    if LIB is None:
+        raise RuntimeError(f"no compiled kernels to choose from: {WHY_MISSING}")
     if name == "auto":
         for cand in _ISAS:
-            if _lib_handle.hm_isa_supported(cand.encode()) and _self_check(cand):
+            if LIB.hm_isa_supported(cand.encode()) and _self_check(cand):
                 return
         raise RuntimeError("no kernel variant passed its self-check")  # scalar always should
     if name not in _ISAS:
         raise ValueError(f"unknown ISA {name!r}; choose one of {', '.join(_ISAS)} or 'auto'")
-    rc = _lib_handle.hm_set_isa(name.encode())
+    rc = LIB.hm_set_isa(name.encode())
     if rc == _lib.ERR_BAD_ISA:
         raise ValueError(f"this CPU does not support the {name} kernels")
     if rc:
         raise RuntimeError(f"hm_set_isa({name}) failed: {rc}")
 
 
-def set_num_threads(n: int) -> None:
-    """Resize the kernels' persistent worker pool (the caller counts as one of the n threads)."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"num_threads must be a positive int, got {n!r}")
-    if _lib_handle is not None and _lib_handle.hm_set_num_threads(n):
-        raise RuntimeError(f"hm_set_num_threads({n}) failed")
-
-
-def num_threads() -> int:
-    return _lib_handle.hm_get_num_threads() if _lib_handle else torch.get_num_threads()
-
-
 def digits_active() -> bool:
     """True when Activations.INT8X3 runs the three-digit GEMV on this ISA (else it computes fp32)."""
-    return _lib_handle is not None and bool(_lib_handle.hm_d3_active())
-
-
-def set_gemv_max_tokens(n: int | None, *, fast_math: bool = False, ggml_type: GGMLType | None = None) -> None:
-    """Tokens per expert (or per dense call) up to which the streaming GEMV is used; above it,
-    rows are decoded to an L2-sized float32 tile and multiplied by a register-blocked GEMM.
-    The fp32 crossover is per weight format, measured per kernel set (MXFP4: 48 on AVX-512,
-    whose GEMV folds the block scale into the LUT, 14 on AVX2; Q8_0: 16); ggml_type= sets one
-    format's, None both. fast_math=True sets fast mode's own crossover instead (one for both
-    formats): its int8 tile GEMM overtakes the int8 GEMV from a few tokens (default 2).
-    n=None restores the default."""
-    if n is not None and (not isinstance(n, int) or n < 0):
-        raise ValueError(f"gemv_max_tokens must be an int >= 0 or None, got {n!r}")
-    if ggml_type is not None and (fast_math or ggml_type not in _NATIVE):
-        raise ValueError(f"ggml_type= names an fp32 crossover of MXFP4 or Q8_0, got {ggml_type!r}"
-                         f"{' with fast_math=True' if fast_math else ''}")
-    if _lib_handle is None:
-        return
-    c_n = -1 if n is None else n
-    if fast_math:
-        _lib_handle.hm_set_q8_gemv_max_tokens(c_n)
-    else:
-        _lib_handle.hm_set_gemv_max_tokens(0 if ggml_type is None else int(ggml_type), c_n)
-
-
-def gemv_max_tokens(ggml_type: GGMLType, *, fast_math: bool = False) -> int:
-    """The crossover set_gemv_max_tokens sets, for one weight format (0 without the library)."""
-    if ggml_type not in _NATIVE:
-        raise ValueError(f"ggml_type must be MXFP4 or Q8_0, got {ggml_type!r}")
-    if _lib_handle is None:
-        return 0
-    if fast_math:
-        return int(_lib_handle.hm_get_q8_gemv_max_tokens())
-    return int(_lib_handle.hm_get_gemv_max_tokens(int(ggml_type)))
-
-
-def _physical_cores() -> int:
-    cpus = len(os.sched_getaffinity(0))
-    try:
-        with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
-            siblings = f.read().strip()
-        per_core = sum(1 + (int(b) - int(a) if "-" in part else 0)
-                       for part in siblings.split(",") for a, _, b in [part.partition("-")])
-        return max(1, cpus // max(1, per_core))
-    except (OSError, ValueError):
-        return cpus
+    return LIB is not None and bool(LIB.hm_d3_active())
 
 
 # ----------------------------------------------------------------------------- pointer helpers
@@ -223,7 +112,7 @@ def _weight_rows(w: np.ndarray, name: str, ggml_type: GGMLType, n_rows: int | No
     if not isinstance(w, np.ndarray) or w.dtype != np.uint8 or w.ndim != 2:
         raise ValueError(f"{name} must be a 2-D uint8 numpy array (rows x row bytes), got "
                          f"{type(w).__name__} {getattr(w, 'dtype', '')} ndim={getattr(w, 'ndim', '?')}")
-    bb = _BLOCK[ggml_type]
+    bb = BLOCK_BYTES[ggml_type]
     if w.shape[1] % bb:
         raise ValueError(f"{name}: row of {w.shape[1]} bytes is not a whole number of {ggml_type.name} blocks")
     if w.strides[1] != 1 or w.strides[0] < w.shape[1]:
@@ -281,7 +170,7 @@ class ExpertTensors:
         if self._cargs is None:
             t, td = self.ggml_type, self.down_type
             for tt in (t, td):
-                if tt not in _BLOCK:
+                if tt not in BLOCK_BYTES:
                     raise ValueError(f"no C kernel for expert type {tt.name}")
             E = self.num_experts
             H, I = self.dims()
@@ -322,16 +211,16 @@ def moe_forward(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch
     x [T, H] f32, expert_ids [T, k] int32 (int64 accepted), expert_weights [T, k] f32 -> [T, H] f32:
     out[t] = sum_j w[t,j] * (down_e(swiglu(gate_e(x[t]) + bg, up_e(x[t]) + bu)) + bd), e = ids[t,j].
     """
-    mode = _act(act)
+    mode = act_code(act)
     H, _ = experts.dims()
     x, ids, wts = _check_routing(x, expert_ids, expert_weights, H)
-    if _lib_handle is None or experts.ggml_type not in _BLOCK or experts.down_type not in _BLOCK:
-        if _lib_handle is None:
+    if LIB is None or experts.ggml_type not in BLOCK_BYTES or experts.down_type not in BLOCK_BYTES:
+        if LIB is None:
             _warn_fallback()
         return reference.moe_forward(x, ids, wts, experts, swiglu_alpha, swiglu_limit)
     out = torch.empty_like(x)
     E, I, fmt, dfmt, g, gs, u, us, d, ds, gb, ub, db = experts.c_args()
-    rc = _lib_handle.hm_moe_forward(x.data_ptr(), x.shape[0], H, ids.data_ptr(), wts.data_ptr(),
+    rc = LIB.hm_moe_forward(x.data_ptr(), x.shape[0], H, ids.data_ptr(), wts.data_ptr(),
                                     ids.shape[1], E, I, fmt, dfmt, g, gs, u, us, d, ds, gb, ub, db,
                                     swiglu_alpha, swiglu_limit, out.data_ptr(), mode)
     if rc == _lib.ERR_BAD_EXPERT:
@@ -345,18 +234,18 @@ def moe_forward(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch
 # ----------------------------------------------------------------------------- dense
 def _linear(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None, t: GGMLType,
             act: Activations = Activations.FP32) -> torch.Tensor:
-    mode = _act(act)
+    mode = act_code(act)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D [T, K] tensor, got {getattr(x, 'shape', type(x))}")
     N, K, stride = _weight_rows(w, "w", t, None, x.shape[1])
     x = _f32(x, "x", tuple(x.shape))
     if bias is not None:
         bias = _f32(bias, "bias", (N,))
-    if _lib_handle is None:
+    if LIB is None:
         _warn_fallback()
         return reference.linear(x, w, t, bias)
     out = torch.empty((x.shape[0], N), dtype=torch.float32)
-    rc = _lib_handle.hm_linear(int(t), x.data_ptr(), x.shape[0], K, _addr(w), N, stride,
+    rc = LIB.hm_linear(int(t), x.data_ptr(), x.shape[0], K, _addr(w), N, stride,
                                bias.data_ptr() if bias is not None else None, out.data_ptr(), mode)
     if rc:
         raise RuntimeError(f"hm_linear failed with code {rc}")
@@ -374,7 +263,7 @@ class LinearGroup:
 
     def __init__(self, weights: list[np.ndarray], biases: list[torch.Tensor | None], ggml_type: GGMLType,
                  act: Activations = Activations.FP32):
-        self._mode = _act(act)
+        self._mode = act_code(act)
         if not 1 <= len(weights) <= 8 or len(biases) != len(weights):
             raise ValueError(f"LinearGroup takes 1..8 weights with one bias entry each, got "
                              f"{len(weights)} weights and {len(biases)} biases")
@@ -402,7 +291,7 @@ class LinearGroup:
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"x must be [T, {self.in_features}], got {tuple(x.shape)}")
         x = _f32(x, "x", tuple(x.shape))
-        if _lib_handle is None:
+        if LIB is None:
             _warn_fallback()
             return torch.cat([reference.linear(x, w, self.ggml_type, b) for w, b in
                               zip(self._weights, self._biases)], dim=1)
@@ -411,7 +300,7 @@ class LinearGroup:
         for i, n in enumerate(self.sizes):
             self._outs[i] = base + 4 * col
             col += n
-        rc = _lib_handle.hm_linear_multi(int(self.ggml_type), x.data_ptr(), x.shape[0], self.in_features,
+        rc = LIB.hm_linear_multi(int(self.ggml_type), x.data_ptr(), x.shape[0], self.in_features,
                                          self._n, self._ws, self._Ns, self._strides, self._bs, self._outs,
                                          self._ldos, self._mode)
         if rc:
@@ -430,7 +319,7 @@ def linear_quantized(x: torch.Tensor, w: np.ndarray, ggml_type: GGMLType, bias: 
     """x [T, K] f32 @ W^T (+ bias [N]) -> [T, N] f32 for W uint8 [N, row_bytes] of any KERNEL_TYPES
     type (ext types compute in fp32 whatever `act` says)."""
     t = GGMLType(ggml_type)
-    if t not in _BLOCK:
+    if t not in BLOCK_BYTES:
         raise ValueError(f"no C kernel for type {t.name} (kernel types: {', '.join(k.name for k in KERNEL_TYPES)})")
     return _linear(x, w, bias, t, act)
 
@@ -456,12 +345,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     n = weight.numel()
     if x.shape[-1] != n:
         raise ValueError(f"rms_norm: x has {x.shape[-1]} features, weight {n}")
-    if _lib_handle is None:
+    if LIB is None:
         _warn_fallback()
         return torch.nn.functional.rms_norm(x.float(), (n,), weight.float(), eps)
     x = x.contiguous()
     out = torch.empty_like(x)
-    rc = _lib_handle.hm_rms_norm(_cpu_f32(x, "x"), x.numel() // n, n, _cpu_f32(weight, "weight", n), eps,
+    rc = LIB.hm_rms_norm(_cpu_f32(x, "x"), x.numel() // n, n, _cpu_f32(weight, "weight", n), eps,
                                  out.data_ptr())
     if rc:
         raise ValueError(f"rms_norm: bad arguments (shape {tuple(x.shape)})")
@@ -481,7 +370,7 @@ def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Te
     0..n_keys-1 (full layer: all visible; ring: 0 <= kpos <= pos, kpos > pos - window when
     window > 0) with one sink logit per query head (sinks [Hq]).
     """
-    if _lib_handle is None:
+    if LIB is None:
         raise RuntimeError("attn_decode needs the compiled kernels (kernels.available() is False); "
                            "use layers.attention_with_sinks")
     Hkv, rows, d = k_cache.shape
@@ -491,7 +380,7 @@ def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Te
         raise ValueError(f"kpos must be a contiguous int64 tensor of {rows} rows")
     if tuple(v_cache.shape) != (Hkv, rows, d):
         raise ValueError(f"v_cache has shape {tuple(v_cache.shape)}, expected {(Hkv, rows, d)}")
-    rc = _lib_handle.hm_attn_decode(
+    rc = LIB.hm_attn_decode(
         _cpu_f32(q, "q", Hq * d), _cpu_f32(k, "k", Hkv * d), _cpu_f32(v, "v", Hkv * d), Hq, Hkv, d,
         None if cos is None else _cpu_f32(cos, "cos", d), None if sin is None else _cpu_f32(sin, "sin", d),
         _cpu_f32(k_cache, "k_cache"), _cpu_f32(v_cache, "v_cache"), rows, row,
@@ -506,12 +395,12 @@ def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Te
 def dequantize(raw: np.ndarray, ggml_type: GGMLType | int) -> np.ndarray:
     """uint8 [..., row_bytes] -> float32 [..., K] through the current ISA's decoder (bit-exact)."""
     t = GGMLType(ggml_type)
-    if _lib_handle is None or t not in _BLOCK:
+    if LIB is None or t not in BLOCK_BYTES:
         return reference.dequant(raw, t).numpy()
     flat = raw.reshape(-1, raw.shape[-1]) if raw.ndim != 2 else raw
     n, K, stride = _weight_rows(flat, "raw", t, None, None)
     out = np.empty((n, K), dtype=np.float32)
-    if _lib_handle.hm_dequant(int(t), _addr(flat), n, stride, K, _addr(out)):
+    if LIB.hm_dequant(int(t), _addr(flat), n, stride, K, _addr(out)):
         raise RuntimeError("hm_dequant failed")
     return out.reshape(*raw.shape[:-1], K)
 
@@ -522,7 +411,8 @@ def _self_check(name: str) -> bool:
     GEMV and tile paths); guards against a SIMD variant never run on this kind of CPU."""
     rng = np.random.default_rng(0)
     weights = []
-    for t, bb in _NATIVE.items():
+    for t in NATIVE_TYPES:
+        bb = BLOCK_BYTES[t]
         w = rng.integers(0, 256, size=(13, 4 * bb), dtype=np.uint8)
         if t == GGMLType.MXFP4:
             w[:, ::17] = rng.integers(118, 130, size=(13, 4), dtype=np.uint8)  # sane e8m0 scales
@@ -532,22 +422,22 @@ def _self_check(name: str) -> bool:
     x = torch.from_numpy(rng.standard_normal((40, 128), dtype=np.float32))
     results = []
     for variant in ("scalar", name):
-        _lib_handle.hm_set_isa(variant.encode())
+        LIB.hm_set_isa(variant.encode())
         results.append([_linear(x[:n], w, None, t) for t, w in weights for n in (1, 5, 40)])
     ok = all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(*results))
     if not ok:
         log.warning("hybridmoe %s kernels disagree with the scalar reference; not using them", name)
-        _lib_handle.hm_set_isa(b"scalar")
+        LIB.hm_set_isa(b"scalar")
     return ok
 
 
 def _init() -> None:
-    if _lib_handle is None:
+    if LIB is None:
         _warn_fallback()
         return
     forced = os.environ.get("HYBRIDMOE_ISA", "auto")
     set_isa(forced)
-    set_num_threads(int(os.environ.get("HYBRIDMOE_THREADS", 0) or _physical_cores()))
+    set_num_threads(int(os.environ.get("HYBRIDMOE_THREADS", 0) or physical_cores()))
 
 
 _init()

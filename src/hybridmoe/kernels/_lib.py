@@ -1,4 +1,5 @@
-"""ctypes loader for the compiled kernel library (csrc/, built by setup.py as `_hmk*.so`).
+"""ctypes loader for the compiled kernel library (csrc/, built by setup.py as `_hmk*.so`), loaded
+once at import (LIB, or None and WHY_MISSING), and the block types it multiplies.
 
 Function pointers are bound once with argtypes; hot calls pass plain ints (no ndarray.ctypes).
 The library is plain C++ with a C ABI: no Python or torch headers, so no ABI coupling.
@@ -11,6 +12,8 @@ import glob
 import logging
 import os
 
+from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
+
 log = logging.getLogger(__name__)
 
 _P = ctypes.c_void_p
@@ -19,6 +22,14 @@ _I32 = ctypes.c_int
 _F = ctypes.c_float
 
 ERR_BAD_ARG, ERR_BAD_EXPERT, ERR_BAD_ISA = -1, -2, -3
+
+# MXFP4 and Q8_0 have kernels of their own in every activation mode; the other block types the C
+# library reads (EXT_TYPES) are decoded to float32 rows and multiplied in fp32 in every mode.
+NATIVE_TYPES = (GGMLType.MXFP4, GGMLType.Q8_0)
+EXT_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.IQ4_NL, GGMLType.IQ4_XS,
+             GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+KERNEL_TYPES = NATIVE_TYPES + EXT_TYPES  # block types the C kernels multiply
+BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in KERNEL_TYPES}
 
 _SIGNATURES = {
     "hm_abi_version": ([], _I32),
@@ -72,3 +83,6 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     if lib.hm_abi_version() != ABI_VERSION:
         return None, f"{path} has ABI {lib.hm_abi_version()}, expected {ABI_VERSION} (rebuild it)"
     return lib, ""
+
+
+LIB, WHY_MISSING = load()

@@ -17,12 +17,14 @@ import torch
 
 from hybridmoe import kernels
 from hybridmoe.gguf import residency
-from hybridmoe.gguf.reader import GGUFError, ModelFile, open_model
+from hybridmoe.gguf.errors import GGUFError
+from hybridmoe.gguf.reader import ModelFile, open_model
 from hybridmoe.gpt_oss_config import GptOssConfig
 from hybridmoe.models.gpt_oss import GptOss
 from hybridmoe.models.model_info import ModelInfo, describe_model
+from hybridmoe.placement.fit import check_fits, make_plan, resolve_vram_budget
 from hybridmoe.placement.memory import fit_context
-from hybridmoe.placement.plan import Plan, PlacementOptions, check_fits, make_plan, resolve_vram_budget
+from hybridmoe.placement.plan import Plan, PlacementOptions
 from hybridmoe.placement.report import format_plan
 from hybridmoe.settings import ComputeSettings, ContextSettings, ParallelSettings, PlacementSettings
 from hybridmoe.tokenizer.tokenizer import Tokenizer

@@ -26,6 +26,11 @@ ATTN_KEY_BLOCK = 1024
 VRAM_MARGIN_BYTES = 1024 * MIB
 
 
+def gib(n: int) -> str:
+    """Bytes as the plan's notes and errors say them: '1.50 GiB'."""
+    return f"{n / GIB:.2f} GiB"
+
+
 def kv_bytes_per_token(cfg: GptOssConfig, kv_dtype_bytes: float) -> float:
     """K+V bytes one layer stores per cached position."""
     return cfg.n_kv_heads * cfg.head_dim * 2 * kv_dtype_bytes

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybridmoe.gguf.constants import BLOCK_SIZES, GGMLType
-from hybridmoe.gguf.reader import GGUFError, ModelFile, TensorInfo
+from hybridmoe.gguf.errors import GGUFError
+from hybridmoe.gguf.reader import ModelFile, TensorInfo
 from hybridmoe.quant.block_types import F16_FIELDS
 
 T = GGMLType

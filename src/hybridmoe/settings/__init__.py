@@ -6,16 +6,19 @@ validation. Library users build the dataclasses directly; a bad value raises Set
 the flag. Imports neither torch nor the rest of hybridmoe.
 """
 
+from hybridmoe.settings.chat import ChatSettings, add_chat_args
 from hybridmoe.settings.compute import ComputeSettings, add_compute_args
 from hybridmoe.settings.context import (
+    AttentionSettings,
     ContextSettings,
     ParallelSettings,
     PromptCacheSettings,
+    add_attention_args,
     add_context_args,
     add_parallel_args,
     add_prompt_cache_args,
 )
-from hybridmoe.settings.loading import LoadSettings, add_load_args
+from hybridmoe.settings.loading import LoadSettings, ResidencySettings, add_load_args, add_residency_args
 from hybridmoe.settings.placement import GPU_DENSE_DTYPES, PlacementSettings, add_placement_args, gpu_layers
 from hybridmoe.settings.sampling_defaults import (
     SAMPLER_NAMES,
@@ -27,16 +30,27 @@ from hybridmoe.settings.sampling_defaults import (
     check_sampling,
     parse_samplers,
 )
-from hybridmoe.settings.server import ServerLimits, add_server_limit_args
+from hybridmoe.settings.server import (
+    EndpointSettings,
+    RequestDefaults,
+    ServerLimits,
+    ServerSettings,
+    add_endpoint_args,
+    add_request_default_args,
+    add_server_args,
+    add_server_limit_args,
+)
 from hybridmoe.settings.speculative import SpeculativeSettings, add_speculative_args, spec_type_notes
 from hybridmoe.settings.values import SettingsError, byte_size, on_off
+from hybridmoe.settings.web import WebSettings, add_web_args
 
 __all__ = [
-    "GPU_DENSE_DTYPES", "SAMPLER_NAMES", "SAMPLER_ORDER", "SAMPLING_DEFAULTS", "ComputeSettings", "ContextSettings",
-    "LoadSettings", "ParallelSettings",
-    "PlacementSettings", "PromptCacheSettings", "SamplerSettings", "SamplingDefaults", "ServerLimits",
-    "SettingsError", "SpeculativeSettings", "add_compute_args", "add_context_args", "add_load_args", "add_parallel_args",
-    "add_placement_args", "add_prompt_cache_args", "add_sampling_args", "add_server_limit_args",
-    "add_speculative_args", "byte_size", "check_sampling", "gpu_layers", "on_off", "parse_samplers",
-    "spec_type_notes",
+    "GPU_DENSE_DTYPES", "SAMPLER_NAMES", "SAMPLER_ORDER", "SAMPLING_DEFAULTS", "AttentionSettings", "ChatSettings",
+    "ComputeSettings", "ContextSettings", "EndpointSettings", "LoadSettings", "ParallelSettings", "PlacementSettings",
+    "PromptCacheSettings", "RequestDefaults", "ResidencySettings", "SamplerSettings", "SamplingDefaults",
+    "ServerLimits", "ServerSettings", "SettingsError", "SpeculativeSettings", "WebSettings", "add_attention_args",
+    "add_chat_args", "add_compute_args", "add_context_args", "add_endpoint_args", "add_load_args",
+    "add_parallel_args", "add_placement_args", "add_prompt_cache_args", "add_request_default_args",
+    "add_residency_args", "add_sampling_args", "add_server_args", "add_server_limit_args", "add_speculative_args",
+    "add_web_args", "byte_size", "check_sampling", "gpu_layers", "on_off", "parse_samplers", "spec_type_notes",
 ]

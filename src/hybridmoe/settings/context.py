@@ -1,12 +1,13 @@
-"""Context settings: context size, parallel sequences, batch sizes, and the server's prompt cache
-(`-c`, `-np`, `-b`, `-ub`, `--ctx-checkpoints`, `--cache-ram`, ...), as llama-server names them."""
+"""Context settings: context size, parallel sequences, batch sizes, the server's prompt cache and its
+attention switches (`-c`, `-np`, `-b`, `-ub`, `--ctx-checkpoints`, `--cache-ram`, `--swa-full`, ...), as
+llama-server names them."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 
-from hybridmoe.settings.values import require
+from hybridmoe.settings.values import on_off, require
 
 # llama.cpp's -ctk/-ctv types. The cache here holds f32 or f16; the others are kept as f16.
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -152,4 +153,40 @@ def add_prompt_cache_args(parser: argparse.ArgumentParser) -> list[argparse.Acti
         g.add_argument("--cache-idle-slots", action=argparse.BooleanOptionalAction, default=True,
                        help="accepted (always on): a slot's state moves to the RAM cache when another prompt "
                             "takes the slot"),
+    ]
+
+
+@dataclass(frozen=True)
+class AttentionSettings:
+    """swa_full (--swa-full): sliding-window layers keep a full-size KV cache (longer prefix reuse).
+    context_shift (--context-shift) and flash_attn (-fa): llama-server's switches, accepted; a
+    sequence that fills its context stops (finish_reason "length"), and attention is always fused."""
+
+    swa_full: bool = False
+    context_shift: bool = False
+    flash_attn: str = "auto"
+
+    def notes(self) -> list[str]:
+        """What is accepted but served differently (said once at start)."""
+        if not self.context_shift:
+            return []
+        # llama.cpp disables it for gpt-oss unless --swa-full (its sliding-window cache cannot shift).
+        return ["--context-shift: context shift is not supported by this server, it will be disabled "
+                "(generation stops at the end of the context with finish_reason \"length\")"]
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> AttentionSettings:
+        return cls(swa_full=args.swa_full, context_shift=args.context_shift, flash_attn=args.flash_attn)
+
+
+def add_attention_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    d = AttentionSettings()
+    g = parser.add_argument_group("attention")
+    return [
+        g.add_argument("-fa", "--flash-attn", nargs="?", const="on", default=d.flash_attn, type=on_off),
+        g.add_argument("--swa-full", action="store_true",
+                       help="full-size KV cache for sliding-window layers (longer prefix reuse)"),
+        g.add_argument("--context-shift", dest="context_shift", action="store_true", default=False,
+                       help="accepted; see the README (gpt-oss needs --swa-full for it in llama.cpp too)"),
+        g.add_argument("--no-context-shift", dest="context_shift", action="store_false"),
     ]
