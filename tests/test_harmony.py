@@ -147,6 +147,9 @@ def test_tolerates_full_start_and_missing_end(tok):
 def test_stop_token_inside_header_recovers(tok):
     out = parse_completion(tok, ids_of(tok, "<|channel|>final<|return|>"))
     assert [(m.header.channel, m.text, m.end_token) for m in out.messages] == [("final", "", "<|return|>")]
+    # Prose after <|channel|> is no header (the demo model wrote this on Claude Code's prompt): its words are text.
+    out = parse_completion(tok, ids_of(tok, "<|channel|>anon-ECh, in the same example, 0.5.<|return|>"))
+    assert out.content == "anon-ECh, in the same example, 0.5." and out.last_end_token == "<|return|>"
 
 
 def test_truncated_output_keeps_partial_message(tok):

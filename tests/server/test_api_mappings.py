@@ -4,6 +4,7 @@ prompt the bundled template renders, effort mapping, the store's bound, Anthropi
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from hybridmoe.server import messages_api, responses_api
 from hybridmoe.server.messages_api import MessagesInput, anthropic_error_body
@@ -119,6 +120,33 @@ def test_messages_blocks_become_chat_turns():
     prompt = render(chat)
     assert '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": 1}<|call|>' in prompt
     assert "<|start|>functions.f to=assistant<|channel|>commentary<|message|>Error: 42<|end|>" in prompt
+
+
+def test_messages_system_message_joins_the_neighbouring_user_turn():
+    """A role "system" message inside `messages` (Claude Code's environment) is rendered where it
+    stands, as a <system-reminder> in the user turn before it; the system prompt does not change."""
+    env = "# Environment\nWorking directory: /tmp/project"
+    req = MessagesInput(model="m", system="S", messages=[
+        {"role": "user", "content": "Say hello."},
+        {"role": "system", "content": [{"type": "text", "text": env, "cache_control": {"type": "ephemeral"}}]}])
+    chat = messages_api.messages_job(req, 8)
+    folded = f"Say hello.\n\n<system-reminder>\n{env}\n</system-reminder>"
+    assert [(m.role, m.content) for m in chat.messages] == [("system", "S"), ("user", folded)]
+    prompt = render(chat)
+    assert f"<|start|>user<|message|>{folded}<|end|>" in prompt
+    assert prompt.count("# Environment") == 1
+    # After an assistant turn it joins the next user turn; after the last one, it is a user turn of
+    # its own; one without text is left out.
+    req = MessagesInput(model="m", messages=[
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "system", "content": "r1"},
+        {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}, {"role": "system", "content": []},
+        {"role": "system", "content": "r2"}])
+    assert [(m.role, m.content) for m in messages_api.to_messages(req)] == [
+        ("user", "a"), ("assistant", "b"), ("user", "<system-reminder>\nr1\n</system-reminder>\n\nc"),
+        ("assistant", "d"), ("user", "<system-reminder>\nr2\n</system-reminder>")]
+    with pytest.raises(ValidationError, match=r"messages\[1\]\.content\[0\] has type 'image'"):
+        MessagesInput(model="m", messages=[{"role": "user", "content": "a"},
+                                           {"role": "system", "content": [{"type": "image", "source": {}}]}])
 
 
 @pytest.mark.parametrize("status,kind", [(400, "invalid_request_error"), (401, "authentication_error"),

@@ -165,28 +165,22 @@ def test_tool_use_runs_and_its_result_comes_back(scripted_demo, tmp_path):
     assert [r["tool_use_id"] for r in results] == [use["id"]] and not results[0].get("is_error"), results
 
 
-@pytest.mark.xfail(strict=True, reason="server: /v1/messages takes only roles user/assistant in `messages`; Claude "
-                   "Code 2.1.332 first sends its environment as a role 'system' message, gets 400 'messages.1.role: "
-                   "Input should be 'user' or 'assistant'' and resends it folded into the user turn (one wasted "
-                   "request per session). Fix in server/messages_api.py: accept role 'system' (its text as a system "
-                   "message at that place in the chat).")
 def test_every_request_claude_code_sends_is_accepted(scripted_demo, tmp_path):
     """Each /v1/messages body Claude Code sent, sent again to count_tokens (which validates the
-    same request without generating), is accepted."""
+    same request without generating), is accepted: among them the ones with its environment as a
+    role "system" message inside `messages`."""
     scripted_demo.script("<|channel|>final<|message|>Hello!<|return|>")
     with RecordingProxy(scripted_demo.base_url) as proxy:
         result = run_claude(tmp_path, proxy.url, "Say hello.")
     assert result.returncode == 0, _explain(result, scripted_demo)
-    for body in messages(proxy):
+    sent = messages(proxy)
+    assert any(m["role"] == "system" for body in sent for m in body["messages"]), sent
+    for body in sent:
         status, out = scripted_demo.request("POST", "/v1/messages/count_tokens", body,
                                             headers={"x-api-key": API_KEY}, key=None)
         assert status == 200, (out, [m["role"] for m in body["messages"]])
 
 
-@pytest.mark.xfail(strict=True, reason="server: a harmony header that never reaches <|message|> (the demo model "
-                   "wrote '<|channel|>anon-ECh, ...' for 2 of 9 seeds on Claude Code's prompt) is dropped on every "
-                   "endpoint: no content blocks, stop_reason end_turn; Claude Code then resends the turn with 'Your "
-                   "previous response had no visible output'. Issue 35 item 6: it must come back as text.")
 def test_malformed_harmony_reaches_claude_code_as_text(scripted_demo, tmp_path):
     scripted_demo.script("<|channel|>anon-ECh, in the same example, 0.5.<|return|>")
     with RecordingProxy(scripted_demo.base_url) as proxy:

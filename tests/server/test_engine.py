@@ -65,6 +65,23 @@ def test_prefix_reuse_keeps_output(llm, engine):
     assert first[-1].finish_reason in ("stop", "length")
 
 
+def test_prompt_progress_is_pushed_after_each_chunk(llm, engine):
+    """Prompt progress comes as events, one per prompt chunk the engine computed (batch_size 5), in
+    order and before the first token; the last holds the whole prompt."""
+    base = llm.tokenize("Progress is pushed, not polled, " * 2)
+    for prompt in (base, base + llm.tokenize(" and again")):  # the second reuses the first's tokens
+        events = list(engine.submit(GenerationRequest(prompt, greedy(3, ignore_eos=True))))
+        first = next(k for k, e in enumerate(events) if e.progress is None)
+        progress = [e.progress for e in events[:first]]
+        assert all(e.progress is None for e in events[first:]) and events[first].token_id is not None
+        cached = events[-1].usage.cached_tokens
+        assert [p.processed for p in progress] == [min(n, len(prompt)) for n in range(cached + 5, len(prompt) + 5, 5)]
+        assert all(p.total == len(prompt) and p.cache == cached for p in progress)
+        times = [p.time_ms for p in progress]
+        assert times == sorted(times)
+    assert cached >= len(base) - 1
+
+
 def test_stop_string_cuts_text(llm, engine):
     p = prompts(llm, 1)[0]
     ref = llm.generate(p, max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -79,7 +96,7 @@ def test_stop_string_cuts_text(llm, engine):
 def test_cancel_frees_slot(llm, engine):
     h = engine.submit(GenerationRequest(prompts(llm, 1)[0], greedy(200, ignore_eos=True)))
     it = iter(h)
-    next(it)  # generating
+    next(e for e in it if e.token_id is not None)  # generating
     h.cancel()
     rest = list(it)
     assert rest[-1].finish_reason == "cancelled"

@@ -84,6 +84,8 @@ CORPUS = {
     "text outside any message": ("plain words<|end|>more words<|return|>", "plain words", False),
     "message cut by another": ("<|channel|>analysis<|message|>thinking<|channel|>final<|message|>answer<|return|>",
                                "answer", False),
+    "header never reaching a message": ("<|channel|>anon-ECh, in the same example, 0.5.<|return|>",
+                                        "in the same example", False),
 }
 
 

@@ -140,6 +140,8 @@ def test_native_return_progress(server):
     progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
     assert progress, events[:3]
     assert progress[-1]["processed"] == progress[-1]["total"] > 64
+    processed = [p["processed"] for p in progress]  # pushed after each prompt batch, in order
+    assert processed == sorted(set(processed)) and len(processed) > 1
     assert all(p["total"] == progress[-1]["total"] and isinstance(p["time_ms"], int) for p in progress)
     first_token = next(i for i, e in enumerate(events) if e.get("tokens"))
     assert all("prompt_progress" in e for e in events[:first_token])

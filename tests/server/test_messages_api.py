@@ -150,6 +150,23 @@ def test_refused_requests_name_the_field(scripted_server, body, words):
     assert words in out["error"]["message"], out
 
 
+def test_system_message_inside_messages_is_accepted(scripted_server):
+    """Claude Code's first request carries its environment as a role "system" message after the
+    user's: answered (not a 400 that makes it resend), the text in the user turn's prompt."""
+    env = "# Environment\nWorking directory: /tmp/project"
+    messages = [{"role": "user", "content": "Hi!"}, {"role": "system", "content": [{"type": "text", "text": env}]}]
+    body = {"model": "tiny-test", "max_tokens": 64, "system": "Be brief.", "messages": messages}
+    scripted_server.script(ANSWER)
+    status, out = scripted_server.request("POST", "/v1/messages", body)
+    assert status == 200 and out["content"][-1]["text"] == "It is 21 C in Paris.", out
+    folded = [{"role": "system", "content": "Be brief."},
+              {"role": "user", "content": f"Hi!\n\n<system-reminder>\n{env}\n</system-reminder>"}]
+    prompt = chat_prompt_tokens(scripted_server, folded)
+    assert out["usage"]["input_tokens"] + out["usage"]["cache_read_input_tokens"] == prompt
+    status, count = scripted_server.request("POST", "/v1/messages/count_tokens", body)
+    assert status == 200 and count["input_tokens"] == prompt, count
+
+
 def test_model_may_be_left_out_as_llama_server_allows(server):
     body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
     status, out = server.request("POST", "/v1/messages", body)

@@ -21,7 +21,7 @@ from hybridmoe.engine.handle import RequestHandle
 from hybridmoe.engine.mailbox import Mailbox
 from hybridmoe.engine.output import Metrics, OutputProcessor, find_stop, safe_prefix_len
 from hybridmoe.engine.persistence import Persistence
-from hybridmoe.engine.request import EngineEvent, GenerationRequest, SequenceState, Usage
+from hybridmoe.engine.request import EngineEvent, GenerationRequest, PromptProgress, SequenceState, Usage
 from hybridmoe.engine.runner import ModelRunner
 from hybridmoe.engine.scheduler import Admission, CacheConfig, Scheduler
 from hybridmoe.engine.slot import Slot
@@ -29,7 +29,7 @@ from hybridmoe.engine.speculative import SequenceDrafts, SpeculativeSettings, St
 from hybridmoe.models.load import LoadedModel
 
 __all__ = [
-    "CacheConfig", "Engine", "EngineClosedError", "EngineEvent", "GenerationRequest", "Metrics",
+    "CacheConfig", "Engine", "EngineClosedError", "EngineEvent", "GenerationRequest", "Metrics", "PromptProgress",
     "QueueFullError", "RequestHandle", "SlotError", "Usage", "find_stop", "safe_prefix_len",
 ]
 
@@ -232,6 +232,8 @@ class Engine:
             n_rows = len(toks) if dec else 1
             rows, off = logits[off : off + n_rows], off + n_rows
             self.scheduler.fed(seq, toks)
+            if not dec:
+                self.output.prompt_fed(seq)
             if seq.pending:
                 continue
             if n_rows > 1:

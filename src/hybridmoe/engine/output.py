@@ -1,5 +1,6 @@
-"""The output processor: sampled tokens -> text deltas, stop strings, finish reasons, timings,
-events and counters. The one place these rules live (the server and `LLM.generate` share it)."""
+"""The output processor: prompt progress, sampled tokens -> text deltas, stop strings, finish
+reasons, timings, events and counters. The one place these rules live (the server and
+`LLM.generate` share it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hybridmoe.engine.request import EngineEvent, SequenceState, Usage
+from hybridmoe.engine.request import EngineEvent, PromptProgress, SequenceState, Usage
 from hybridmoe.tokenizer.tokenizer import IncrementalDecoder
 
 
@@ -92,6 +93,13 @@ class OutputProcessor:
     def start(self, seq: SequenceState) -> None:
         seq.decoder = IncrementalDecoder(self.tokenizer)
         self.metrics.cached_tokens_total += seq.n_cached
+
+    def prompt_fed(self, seq: SequenceState) -> None:
+        """A step computed a chunk of the prompt: push how far it has come (the last event, before
+        the first token, has processed == total)."""
+        total = len(seq.prompt)
+        ms = (time.perf_counter() - seq.t_start) * 1e3
+        seq.sink.push(EngineEvent(progress=PromptProgress(total, seq.n_cached, total - len(seq.pending), ms)))
 
     def on_token(self, seq: SequenceState, token: int, lp: Any, room_left: bool) -> str | None:
         """Emit what `token` adds; returns the finish reason when it ends the request."""

@@ -42,9 +42,24 @@ class Usage:
     cached_tokens: int
 
 
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a request's prompt has come (llama-server's prompt_progress): `processed` of its
+    `total` tokens are in the slot's cache, `cache` of them reused; `time_ms` since the submit."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    def to_json(self) -> dict[str, int]:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": int(self.time_ms)}
+
+
 @dataclass
 class EngineEvent:
-    """One generated token (`token_id`, `text` delta), or the final event (`finish_reason` set)."""
+    """One generated token (`token_id`, `text` delta), prompt progress (`progress` set, after each
+    prompt chunk the engine computed), or the final event (`finish_reason` set)."""
 
     token_id: int | None = None
     text: str = ""  # complete UTF-8 only; held back while it could still start a stop string
@@ -55,6 +70,7 @@ class EngineEvent:
     timings: dict[str, float] | None = None
     usage: Usage | None = None
     error: str | None = None
+    progress: PromptProgress | None = None
 
 
 class SequenceState:

@@ -15,8 +15,8 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from pydantic import Field, model_validator
 
-from hybridmoe.engine.engine import GenerationRequest
-from hybridmoe.server.generation import Progress, SSEvent
+from hybridmoe.engine.engine import GenerationRequest, PromptProgress
+from hybridmoe.server.generation import SSEvent
 from hybridmoe.server.jobs import ChatJob
 from hybridmoe.server.logprob_json import TokenBytes, chat_entry
 from hybridmoe.server.native_result import llama_timings
@@ -155,7 +155,7 @@ class ChatRender:
     def opening(self) -> list[SSEvent]:
         return [SSEvent(self._chunk(i, {"role": "assistant", "content": None})) for i in range(len(self.requests))]
 
-    def progress(self, i: int, p: Progress) -> list[SSEvent]:
+    def progress(self, i: int, p: PromptProgress) -> list[SSEvent]:
         return [SSEvent({**self._chunk(i, {"role": "assistant", "content": None}), "prompt_progress": p.to_json()})]
 
     def events(self, i: int, events: list[ReplyEvent]) -> list[SSEvent]:

@@ -10,9 +10,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import Field, field_validator
 
-from hybridmoe.engine.engine import GenerationRequest
+from hybridmoe.engine.engine import GenerationRequest, PromptProgress
 from hybridmoe.server.chat_completions import include_usage, usage
-from hybridmoe.server.generation import Progress, SSEvent
+from hybridmoe.server.generation import SSEvent
 from hybridmoe.server.jobs import TextJob
 from hybridmoe.server.logprob_json import TokenBytes, legacy_logprobs
 from hybridmoe.server.native_result import llama_timings
@@ -87,7 +87,7 @@ class CompletionRender:
     def opening(self) -> list[SSEvent]:
         return [SSEvent(self._chunk(i, self.echo)) for i in range(len(self.requests))] if self.echo else []
 
-    def progress(self, i: int, p: Progress) -> list[SSEvent]:
+    def progress(self, i: int, p: PromptProgress) -> list[SSEvent]:
         return [SSEvent({**self._chunk(i, ""), "prompt_progress": p.to_json()})]
 
     def events(self, i: int, events: list[ReplyEvent]) -> list[SSEvent]:

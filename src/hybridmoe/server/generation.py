@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +18,14 @@ from typing import Any, Protocol
 
 from fastapi.responses import StreamingResponse
 
-from hybridmoe.engine.engine import Engine, EngineEvent, GenerationRequest, QueueFullError, RequestHandle
+from hybridmoe.engine.engine import (
+    Engine,
+    EngineEvent,
+    GenerationRequest,
+    PromptProgress,
+    QueueFullError,
+    RequestHandle,
+)
 from hybridmoe.server.metrics import ServerCounters
 from hybridmoe.server.protocol import APIError, bad_request
 from hybridmoe.server.reply import Reply, ReplyBuilder, ReplyEvent
@@ -27,22 +33,8 @@ from hybridmoe.server.reply import Reply, ReplyBuilder, ReplyEvent
 log = logging.getLogger(__name__)
 
 Disconnected = Callable[[], Awaitable[bool]]
-PROGRESS_POLL_S = 0.1
 DISCONNECT_POLL_S = 0.25
 SSE_PING = ":\n\n"  # an SSE comment: clients ignore it, proxies and HTTP clients see the stream alive
-
-
-@dataclass(frozen=True)
-class Progress:
-    """llama-server's prompt_progress: overall progress is processed/total."""
-
-    total: int
-    cache: int
-    processed: int
-    time_ms: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": int(self.time_ms)}
 
 
 @dataclass(frozen=True)
@@ -62,7 +54,7 @@ class StreamRenderer(Protocol):
 
     def opening(self) -> list[SSEvent]: ...
 
-    def progress(self, choice: int, p: Progress) -> list[SSEvent]: ...
+    def progress(self, choice: int, p: PromptProgress) -> list[SSEvent]: ...
 
     def events(self, choice: int, events: list[ReplyEvent]) -> list[SSEvent]: ...
 
@@ -151,7 +143,8 @@ class Consumer:
                 for e in renderer.opening():
                     yield e.frame()
                 async for i, item in self._merged(gen, progress):
-                    out = renderer.progress(i, item) if isinstance(item, Progress) else renderer.events(i, item)
+                    is_progress = isinstance(item, PromptProgress)
+                    out = renderer.progress(i, item) if is_progress else renderer.events(i, item)
                     for e in out:
                         yield e.frame()
                 for e in renderer.closing():
@@ -174,11 +167,11 @@ class Consumer:
 
     # ---- the loop -----------------------------------------------------------------------------
     async def _merged(self, gen: Generation, progress: bool
-                      ) -> AsyncIterator[tuple[int, list[ReplyEvent] | Progress]]:
+                      ) -> AsyncIterator[tuple[int, list[ReplyEvent] | PromptProgress]]:
         """(choice, reply events) for every engine event until all requests have finished; with
-        `progress`, (choice, Progress) while a prompt is processed, the last with processed ==
-        total just before its first token. Each request is pumped into one queue by its own task,
-        so waiting with a timeout never cancels an event iterator half-way."""
+        `progress`, also (choice, PromptProgress) as the engine pushes it, after each prompt chunk
+        (the last, processed == total, before the first token). Each request is pumped into one
+        queue by its own task, so the choices' events interleave as they come."""
         queue: asyncio.Queue[tuple[int, EngineEvent | None]] = asyncio.Queue()
 
         async def pump(i: int, h: RequestHandle) -> None:
@@ -189,32 +182,19 @@ class Consumer:
                 await queue.put((i, None))
 
         tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(gen.handles)]
-        t0 = time.perf_counter()
-        n = len(gen.handles)
-        started, seen, live = [False] * n, [-1] * n, n
+        live = len(gen.handles)
         try:
             while live:
-                try:
-                    i, ev = await asyncio.wait_for(queue.get(), PROGRESS_POLL_S) if progress else await queue.get()
-                except asyncio.TimeoutError:
-                    for k, h in enumerate(gen.handles):
-                        p = None if started[k] else self._progress(h, t0)
-                        if p is not None and p.processed != seen[k]:
-                            seen[k] = p.processed
-                            yield k, p
-                    continue
+                i, ev = await queue.get()
                 if ev is None:
                     live -= 1
-                    continue
-                if progress and not started[i]:
-                    started[i] = True
-                    total = len(gen.requests[i].prompt_ids)
-                    if seen[i] != total and ev.finish_reason in (None, "stop", "length"):
-                        cache = ev.usage.cached_tokens if ev.usage is not None else self._cached(gen.handles[i])
-                        yield i, Progress(total, cache, total, (time.perf_counter() - t0) * 1e3)
-                if ev.finish_reason is not None:
-                    self._finished(gen, i, ev)
-                yield i, gen.builders[i].push(ev)
+                elif ev.progress is not None:
+                    if progress:
+                        yield i, ev.progress
+                else:
+                    if ev.finish_reason is not None:
+                        self._finished(gen, i, ev)
+                    yield i, gen.builders[i].push(ev)
             self._note_anomalies(gen)
         finally:
             for t in tasks:
@@ -239,21 +219,6 @@ class Consumer:
                 gen.cancel()
                 return
             await asyncio.sleep(DISCONNECT_POLL_S)
-
-    def _slot_of(self, h: RequestHandle) -> dict[str, Any] | None:
-        return next((s for s in self.engine.status()["slots"] if s.get("id_task") == h.request.request_id), None)
-
-    def _cached(self, h: RequestHandle) -> int:
-        s = self._slot_of(h)
-        return int(s.get("n_prompt_cached", 0)) if s is not None else 0
-
-    def _progress(self, h: RequestHandle, t0: float) -> Progress | None:
-        s = self._slot_of(h)
-        if s is None:
-            return None
-        total = len(h.request.prompt_ids)
-        processed = min(int(s["n_cached_tokens"]), total)
-        return Progress(total, int(s.get("n_prompt_cached", 0)), processed, (time.perf_counter() - t0) * 1e3)
 
 
 async def with_pings(stream: AsyncIterator[str], interval_s: float) -> AsyncIterator[str]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field, field_validator
 
-from hybridmoe.server.generation import Progress, SSEvent
+from hybridmoe.engine.engine import PromptProgress
+from hybridmoe.server.generation import SSEvent
 from hybridmoe.server.jobs import ChatJob
 from hybridmoe.server.protocol import (
     APIError,
@@ -90,13 +92,14 @@ _BLOCKS: dict[str, type[BaseModel]] = {
 
 
 class InputMessage(Lenient):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # "system": context Claude Code sends inside the chat
     content: str | list[dict[str, Any]]
 
     def blocks(self, what: str) -> list[Any]:
         if isinstance(self.content, str):
             return [TextBlockIn(type="text", text=self.content)]
-        return [validate_tagged(b, _BLOCKS, f"{what}.content[{j}]") for j, b in enumerate(self.content)]
+        kinds = {"text": TextBlockIn} if self.role == "system" else _BLOCKS
+        return [validate_tagged(b, kinds, f"{what}.content[{j}]") for j, b in enumerate(self.content)]
 
 
 class ToolIn(Lenient):
@@ -184,6 +187,43 @@ class MessagesRequest(MessagesInput):
 
 
 # ---- request -> job ---------------------------------------------------------------------------
+@dataclass
+class Turn:
+    what: str  # the message it comes from, as error messages name it
+    role: Literal["user", "assistant"]
+    blocks: list[Any]
+
+
+def turns(messages: list[InputMessage]) -> list[Turn]:
+    """The user and assistant turns, each role "system" message folded into the neighbouring user
+    turn as a `<system-reminder>` text block, as Claude Code itself resends it to servers that
+    refuse the role: into the user turn before it, else the one after, else a turn of its own.
+    (Merged into the top-level system prompt it would change the prompt's start every turn and
+    lose the cached prompt.)"""
+    out: list[Turn] = []
+    waiting: list[TextBlockIn] = []  # reminders that came after an assistant turn
+    for i, m in enumerate(messages):
+        what = f"messages[{i}]"
+        blocks = m.blocks(what)
+        if m.role == "system":
+            text = "\n\n".join(b.text for b in blocks if b.text)
+            if not text:  # Claude Code sends settings-only ones (`content: []`)
+                continue
+            reminder = TextBlockIn(type="text", text=f"<system-reminder>\n{text}\n</system-reminder>")
+            if out and out[-1].role == "user":
+                out[-1].blocks.append(reminder)
+            else:
+                waiting.append(reminder)
+        elif m.role == "user":
+            out.append(Turn(what, "user", [*waiting, *blocks]))
+            waiting = []
+        else:
+            out.append(Turn(what, "assistant", blocks))
+    if waiting:
+        out.append(Turn(f"messages[{len(messages) - 1}]", "user", waiting))
+    return out
+
+
 def to_messages(req: MessagesInput) -> list[ChatMessage]:
     """Blocks in order: a user turn's tool results become tool messages, its text a user message;
     an assistant turn's thinking, text and tool uses one assistant message."""
@@ -191,10 +231,9 @@ def to_messages(req: MessagesInput) -> list[ChatMessage]:
     system = req.system_text()
     if system:
         out.append(ChatMessage(role="system", content=system))
-    for i, m in enumerate(req.messages):
-        what = f"messages[{i}]"
-        blocks = m.blocks(what)
-        if m.role == "assistant":
+    for turn in turns(req.messages):
+        what, blocks = turn.what, turn.blocks
+        if turn.role == "assistant":
             msg = ChatMessage(role="assistant", content="".join(b.text for b in blocks if isinstance(b, TextBlockIn)))
             thinking = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlockIn))
             msg.reasoning_content = thinking or None
@@ -298,7 +337,7 @@ class MessagesRender:
         start = {"type": "message_start", "message": {**self.message(), "content": [], "stop_reason": None}}
         return [self._event(start), self._event({"type": "ping"})]
 
-    def progress(self, i: int, p: Progress) -> list[SSEvent]:
+    def progress(self, i: int, p: PromptProgress) -> list[SSEvent]:
         return []
 
     def events(self, i: int, events: list[ReplyEvent]) -> list[SSEvent]:

@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import Field, field_validator, model_validator
 
-from hybridmoe.engine.engine import GenerationRequest
-from hybridmoe.server.generation import Progress, SSEvent
+from hybridmoe.engine.engine import GenerationRequest, PromptProgress
+from hybridmoe.server.generation import SSEvent
 from hybridmoe.server.jobs import TextJob
 from hybridmoe.server.logprob_json import native_probs
 from hybridmoe.server.native_result import llama_timings, native_final
@@ -127,7 +127,7 @@ class NativeRender:
     def opening(self) -> list[SSEvent]:
         return []
 
-    def progress(self, i: int, p: Progress) -> list[SSEvent]:
+    def progress(self, i: int, p: PromptProgress) -> list[SSEvent]:
         return [SSEvent({"index": i, "content": "", "tokens": [], "stop": False, "id_slot": -1, "tokens_predicted": 0,
                          "tokens_evaluated": p.total, "prompt_progress": p.to_json()})]
 

@@ -17,7 +17,8 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from hybridmoe.server.generation import Progress, SSEvent
+from hybridmoe.engine.engine import PromptProgress
+from hybridmoe.server.generation import SSEvent
 from hybridmoe.server.jobs import ChatJob
 from hybridmoe.server.logprob_json import TokenBytes, responses_entry
 from hybridmoe.server.protocol import (
@@ -208,7 +209,7 @@ class ResponsesRender:
         return [self._event("response.created", response=self.response()),
                 self._event("response.in_progress", response=self.response())]
 
-    def progress(self, i: int, p: Progress) -> list[SSEvent]:
+    def progress(self, i: int, p: PromptProgress) -> list[SSEvent]:
         return []
 
     def events(self, i: int, events: list[ReplyEvent]) -> list[SSEvent]:

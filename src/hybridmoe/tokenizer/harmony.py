@@ -9,7 +9,8 @@ header: `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>fi
       <|channel|>/<|constrain|>/<|message|> -> HEADER (role assistant); pending " to=..." text joins it
       text                 -> kept while it could still be a header (" to=functions.x"), else the
                               output has no harmony structure: a plain message (content)
-    state HEADER   collect tokens until <|message|>, then parse -> CONTENT   (a stop token recovers)
+    state HEADER   collect tokens until <|message|>, then parse -> CONTENT   (a stop token ends an
+                   empty message, or, when the header is not plausible, passes its words on as text)
     state CONTENT  text -> deltas (complete UTF-8 only); <|end|>/<|return|>/<|call|> end the message;
                    <|start|>/<|channel|> also end it (model skipped <|end|>)
 """
@@ -139,6 +140,7 @@ class HarmonyOutput:
 
 
 _CONTENT_TYPES = {"json", "text", "code", "markdown"}
+_CHANNELS = {"analysis", "commentary", "final"}
 _CHANNEL_RE = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]*)")
 
 
@@ -161,6 +163,12 @@ class Header:
     @property
     def tool_name(self) -> str | None:
         return self.recipient[len("functions.") :] if self.target == "tool_call" else None
+
+    @property
+    def plausible(self) -> bool:
+        """A known channel and content type: a header that an end token cuts off before
+        <|message|> is an empty message when plausible, else the model's text."""
+        return self.channel in _CHANNELS and (self.content_type is None or self.content_type in _CONTENT_TYPES)
 
 
 @dataclass(frozen=True)
@@ -300,7 +308,12 @@ class HarmonyParser:
             self._begin_header([], role=None)  # restarted header: drop the partial one
             return []
         if t in self._end_names:
-            return self._open(self._parse_header()) + self._close(self._end_names[t])
+            header = self._parse_header()
+            if header.plausible:
+                return self._open(header) + self._close(self._end_names[t])  # an empty message
+            # Not a header: the model wrote prose after <|channel|> and ended; its words are text.
+            words = [i for i in self._header_ids if not self._tok.is_special(i)]
+            return self._open(Header()) + self._feed_text(words) + self._close(self._end_names[t])
         self._header_ids.append(t)
         return []
 
