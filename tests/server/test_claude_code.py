@@ -15,21 +15,17 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.server.conftest import ServerProcess, start_server, stop_server
+from tests.server.agent_clients import DEMO, demo_fixtures
+from tests.server.conftest import ServerProcess
 from tests.server.recording_proxy import RecordingProxy
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "src" / "hybridmoe" / "data" / "demo.gguf"
 API_KEY = "claude-code-test"
 MODEL = "gpt-oss-120b"  # a name Claude Code does not know: it assumes a 1M window and says so on stderr
 RUN_TIMEOUT_S = 240
-# Claude Code's first request is ~16k demo-model tokens (system blocks and 12 tools): one slot with room.
-SERVE_ARGS = ["--api-key", API_KEY, "-t", "1", "-np", "1", "-c", "32768"]
 # What keeps a run off the network (docs: Claude Code's environment variables).
 OFFLINE = {"DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
@@ -90,29 +86,7 @@ def check_count_tokens(proxy: RecordingProxy, srv: ServerProcess) -> None:
             assert status == 200 and out["input_tokens"] > 0, out
 
 
-@pytest.fixture(scope="module")
-def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """`hybridmoe serve` on the demo model, as a user starts it."""
-    srv = start_server(str(DEMO), SERVE_ARGS, tmp_path_factory.mktemp("claude-demo") / "server.log", API_KEY)
-    yield srv
-    stop_server(srv)
-
-
-@pytest.fixture(scope="module")
-def scripted_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The same, with replies scripted per request (tests/server/scripted_serve.py)."""
-    tmp = tmp_path_factory.mktemp("claude-scripted")
-    srv = start_server(str(DEMO), SERVE_ARGS, tmp / "server.log", API_KEY, tmp / "script.json")
-    yield srv
-    stop_server(srv)
-
-
-@pytest.fixture(autouse=True)
-def _clear_script(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A failed scripted test leaves no replies for the next one."""
-    yield
-    if "scripted_demo" in request.fixturenames:
-        request.getfixturevalue("scripted_demo").script()
+demo_server, scripted_demo, _clear_script = demo_fixtures(API_KEY, "claude")
 
 
 def test_claude_p_runs_against_the_demo_model(demo_server, tmp_path):

@@ -14,20 +14,16 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.server.conftest import ServerProcess, start_server, stop_server
+from tests.server.agent_clients import DEMO, demo_fixtures
+from tests.server.conftest import ServerProcess
 from tests.server.recording_proxy import RecordingProxy
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "src" / "hybridmoe" / "data" / "demo.gguf"
 API_KEY = "codex-test"
 RUN_TIMEOUT_S = 240
-# Codex's first request is ~11k demo-model tokens (instructions and tool schemas): one slot with room.
-SERVE_ARGS = ["--api-key", API_KEY, "-t", "1", "-np", "1", "-c", "32768"]
 
 
 def _codex() -> str | None:
@@ -111,29 +107,7 @@ def inner(tools: list[dict]) -> list[dict]:
     return [u for t in tools for u in (t.get("tools", []) if t["type"] == "namespace" else [t])]
 
 
-@pytest.fixture(scope="module")
-def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """`hybridmoe serve` on the demo model, as a user starts it."""
-    srv = start_server(str(DEMO), SERVE_ARGS, tmp_path_factory.mktemp("codex-demo") / "server.log", API_KEY)
-    yield srv
-    stop_server(srv)
-
-
-@pytest.fixture(scope="module")
-def scripted_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The same, with replies scripted per request (tests/server/scripted_serve.py)."""
-    tmp = tmp_path_factory.mktemp("codex-scripted")
-    srv = start_server(str(DEMO), SERVE_ARGS, tmp / "server.log", API_KEY, tmp / "script.json")
-    yield srv
-    stop_server(srv)
-
-
-@pytest.fixture(autouse=True)
-def _clear_script(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A failed scripted test leaves no replies for the next one."""
-    yield
-    if "scripted_demo" in request.fixturenames:
-        request.getfixturevalue("scripted_demo").script()
+demo_server, scripted_demo, _clear_script = demo_fixtures(API_KEY, "codex")
 
 
 @pytest.mark.parametrize("kind", ["unknown-model", "freeform-model", "code-mode-model"])
