@@ -112,3 +112,34 @@ def test_tensor_ranges_cover_exactly_the_kept_tensors(tiny_gguf):
     everything = residency._tensor_ranges(mf, lambda n: True)
     first, last = mf.info(names[0]), mf.info(names[-1])
     assert everything == [(base + first.offset, last.offset + last.nbytes - first.offset)]
+
+
+SMAPS = """\
+7f0000000000-7f0040000000 r--s 00000000 fe:01 123  /models/m.gguf
+Size:            1048576 kB
+Rss:             1048576 kB
+FilePmdMapped:    262144 kB
+7f0040000000-7f0040200000 rw-p 00000000 00:00 0
+Rss:                2048 kB
+FilePmdMapped:         0 kB
+7f0050000000-7f0060000000 r--s 00000000 fe:01 124  /models/other.gguf
+Rss:              262144 kB
+FilePmdMapped:    262144 kB
+"""
+
+
+def test_pmd_mapped_counts_only_the_model_mappings():
+    model = [(0x7F0000000000 + 4096, 0x40000000 - 4096)]
+    assert residency.pmd_mapped(SMAPS, model) == (256 << 20, 1 << 30)
+    assert residency.pmd_mapped(SMAPS, [(0x7F0070000000, 4096)]) == (0, 0)
+
+
+@pytest.mark.parametrize("thp,logged", [("always [madvise] never", True), ("always madvise [never]", False)])
+def test_small_folios_get_one_hint_where_huge_pages_are_on(monkeypatch, caplog, thp, logged):
+    import io
+
+    files = {"/proc/self/smaps": SMAPS, "/sys/kernel/mm/transparent_hugepage/enabled": thp}
+    monkeypatch.setattr(residency, "open", lambda path, *a, **k: io.StringIO(files[path]), raising=False)
+    with caplog.at_level("INFO", logger="hybridmoe"):
+        residency._report_small_folios([(0x7F0000000000, 0x40000000)])
+    assert ("0.2 of 1.0 GiB mapped in 2 MiB pages" in caplog.text) == logged

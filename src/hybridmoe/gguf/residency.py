@@ -83,6 +83,49 @@ def _populate(ranges: list[tuple[int, int]]) -> None:
             if not _advise(addr + off, min(_CHUNK, length - off), MADV_POPULATE_READ):
                 log.debug("MADV_POPULATE_READ failed (errno %d); no read-ahead", ctypes.get_errno())
                 return  # kernel < 5.14: the first prompt faults its pages in itself
+    _report_small_folios(ranges)
+
+
+def pmd_mapped(smaps: str, ranges: list[tuple[int, int]]) -> tuple[int, int]:
+    """(bytes mapped in 2 MiB pages, resident bytes) of the mappings in /proc/self/smaps text that
+    overlap `ranges`."""
+    pmd = rss = 0
+    hit = False
+    for line in smaps.splitlines():
+        head = line.split(None, 1)[0] if line else ""
+        if "-" in head and not head.endswith(":"):
+            lo, _, hi = head.partition("-")
+            try:
+                a, b = int(lo, 16), int(hi, 16)
+            except ValueError:
+                continue
+            hit = any(a < addr + n and addr < b for addr, n in ranges)
+        elif hit and head in ("Rss:", "FilePmdMapped:"):
+            kib = int(line.split()[1]) * 1024
+            if head == "Rss:":
+                rss += kib
+            else:
+                pmd += kib
+    return pmd, rss
+
+
+def _report_small_folios(ranges: list[tuple[int, int]]) -> None:
+    """Says so when most of the model is mapped in 4 KiB pages although huge folios were asked
+    for: its pages were already cached in small folios (another program read or copied the file),
+    and the experts then stream ~7% slower (bench/decode_breakdown.py, docs/benchmarks.md)."""
+    try:
+        with open("/proc/self/smaps") as f:
+            pmd, rss = pmd_mapped(f.read(), ranges)
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp_on = "[never]" not in f.read()
+    except OSError:
+        return
+    if thp_on and rss >= 1 << 30 and pmd < rss // 2:
+        log.info("model file: %.1f of %.1f GiB mapped in 2 MiB pages; the page cache holds the rest in small "
+                 "pieces (the file was read or copied by another program). Decode reads it faster once it is "
+                 "read in again through this mapping: drop it from the page cache (`dd if=FILE iflag=nocache "
+                 "count=0`, or `echo 1 > /proc/sys/vm/drop_caches`) while no process maps it, then start again.",
+                 pmd / 2**30, rss / 2**30)
 
 
 def available_ram_bytes() -> int | None:
