@@ -10,6 +10,7 @@ stopped by itself made calls.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -221,8 +222,8 @@ def register(app: FastAPI, w: Wiring) -> None:
         gen = await s.start_chat(chat_job(req))
         head = s.head("chatcmpl")
         s.live_chats.add(head["id"], gen.handles, armed=req.reasoning_control)
-        render = ChatRender(head, gen.requests, s.tokenizer.token_bytes, s.consumer.failure, s.verbose,
-                            include_usage(req))
+        render = ChatRender(head, gen.requests, s.tokenizer.token_bytes, s.consumer.failure,
+                            partial(s.verbose, asked=req.verbose), include_usage(req))
         if req.stream:
             return s.consumer.stream(gen, render, w.ping_interval(req), req.return_progress)
         return render.json(await s.consumer.replies(gen, request.is_disconnected))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -107,6 +108,10 @@ class CompletionRender:
         timings = done.timings if done is not None else tok.timings if tok is not None else None
         if timings and (done is None or not self.include_usage):  # per token when asked; the last one's
             chunk["timings"] = llama_timings(timings)
+        # llama-server repeats a partial __verbose on every chunk; the whole result once, at the end, says more
+        verbose = self.verbose(self.requests[i], done, True) if done is not None and i == 0 else None
+        if verbose is not None:
+            chunk["__verbose"] = verbose
         return [SSEvent(chunk)]
 
     def closing(self) -> list[SSEvent]:
@@ -125,7 +130,7 @@ def register(app: FastAPI, w: Wiring) -> None:
         gen = await s.start_text(job)
         echo = s.tokenizer.decode(job.prompts[0]) if req.echo else ""
         render = CompletionRender(s.head("cmpl"), gen.requests, echo, s.tokenizer.token_text, s.tokenizer.token_bytes,
-                                  s.consumer.failure, s.verbose, include_usage(req))
+                                  s.consumer.failure, partial(s.verbose, asked=req.verbose), include_usage(req))
         if req.stream:
             return s.consumer.stream(gen, render, w.ping_interval(req), req.return_progress)
         return render.json(await s.consumer.replies(gen, request.is_disconnected))

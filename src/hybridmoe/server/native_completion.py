@@ -2,10 +2,11 @@
 
 As in llama-server, both paths answer in the native shape (only `/v1/completions` is OpenAI's):
 `content`, `tokens`, `stop`, `stop_type`, `stopping_word`, `timings`, `generation_settings`, ...
-The prompt is a string, token ids, or both mixed (`[12, 34, "text", 56]`); a list of such prompts
-gives a list of results (one object when there is one result). `n_cmpl` (or `n`) asks for several
-completions of each prompt. Streams send one `data:` object per token and a final object with
-`stop: true`, with no `[DONE]` line (llama-server's native stream).
+The prompt is a string, token ids, both mixed (`[12, 34, "text", 56]`) or a JSON object
+`{"prompt_string": ...}` (one of those); a list of such prompts gives a list of results (one
+object when there is one result). `n_cmpl` (or `n`) asks for several completions of each prompt.
+Streams send one `data:` object per token and a final object with `stop: true`, with no `[DONE]`
+line (llama-server's native stream).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from hybridmoe.server.service import Service
 from hybridmoe.server.wiring import Wiring
 
 PromptPart = int | str
-Prompt = str | list[PromptPart]
+Prompt = str | list[PromptPart] | dict[str, Any]  # dict: llama-server's {"prompt_string": ..., "multimodal_data": ...}
+BAD_PROMPT = ('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt string, '
+              'or a list of mixed strings & tokens.')  # llama-server's words
 
 
 class NativeCompletionRequest(SamplingFields):
@@ -79,7 +82,7 @@ class NativeCompletionRequest(SamplingFields):
 def split_prompts(prompt: Prompt | list[Prompt]) -> list[Prompt]:
     """llama-server's rule: a string, or a list holding a token id anywhere at its top level, is one
     prompt; otherwise a list is several prompts (strings or token/string lists)."""
-    if isinstance(prompt, str):
+    if isinstance(prompt, str | dict):
         return [prompt]
     if not prompt:
         raise bad_request("prompt is empty", param="prompt")
@@ -89,7 +92,16 @@ def split_prompts(prompt: Prompt | list[Prompt]) -> list[Prompt]:
 
 
 def prompt_ids(s: Service, prompt: Prompt) -> list[int]:
-    """A prompt's ids: text (special tokens parsed), token ids, or both mixed."""
+    """A prompt's ids: text (special tokens parsed), token ids, both mixed, or a JSON object's
+    prompt_string (any multimodal_data is refused as llama-server does for a text-only model)."""
+    if isinstance(prompt, dict):
+        if "multimodal_data" in prompt:
+            raise bad_request("Multimodal data provided, but model does not support multimodal requests.",
+                              param="prompt")
+        inner = prompt.get("prompt_string")
+        if not isinstance(inner, str | list):
+            raise bad_request(BAD_PROMPT, param="prompt")
+        return prompt_ids(s, inner)
     if isinstance(prompt, str):
         return s.encode_prompt(prompt, "prompt")
     ids: list[int] = []

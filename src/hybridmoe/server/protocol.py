@@ -174,6 +174,7 @@ class SamplingFields(Lenient):
     n_indent: int = Field(default=0, ge=0)  # llama-server: lines after the first need this much indentation
     sse_ping_interval: float | None = None  # llama-server: seconds of silence before a stream pings (-1: never)
     timings_per_token: bool = False  # llama-server: `timings` on every streamed chunk
+    verbose: bool | None = None  # llama-server: `__verbose` in OpenAI-shaped replies; None: --verbose decides
     # Constrained output (one at most; see server/constraint_fields.py): llama-server's GBNF
     # `grammar` and `json_schema` fields, OpenAI's response_format.
     grammar: str | None = None

@@ -114,9 +114,10 @@ class Service:
         return {"id": f"{id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_id,
                 "system_fingerprint": f"hybridmoe-{__version__}"}
 
-    def verbose(self, req: GenerationRequest, reply: Reply, stream: bool) -> dict[str, Any] | None:
-        """llama-server's `__verbose` (with --verbose): the native result of the request."""
-        if not self.config.verbose:
+    def verbose(self, req: GenerationRequest, reply: Reply, stream: bool, *,
+                asked: bool | None) -> dict[str, Any] | None:
+        """llama-server's `__verbose` (the request's `verbose`, else --verbose): the native result."""
+        if not (self.config.verbose if asked is None else asked):
             return None
         return native_final(req, reply, index=0, model=self.model_id, n_ctx=self.engine.ctx_size_per_slot,
                             prompt=self.tokenizer.decode(list(req.prompt_ids)), stream=stream, return_tokens=True,
