@@ -7,6 +7,8 @@ where we differ on purpose (docs/server.md, "Differences from llama-server") onl
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -248,3 +250,161 @@ def test_apply_template_with_no_messages_is_a_400(demo):
     """llama-server renders the system prompt and a generation prompt; a chat needs a message here."""
     status, r = demo.request("POST", "/apply-template", {"messages": []})
     assert status == 400 and r["error"]["param"] == "messages"
+
+
+# ---- (6) CORS ------------------------------------------------------------------------------------
+
+def raw(base_url: str, method: str, path: str, headers: dict[str, str], body: dict | None = None
+        ) -> tuple[int, dict[str, str], str]:
+    """One request: status, headers (lower-case names) and body text."""
+    data = None if body is None else json.dumps(body).encode()
+    hdrs = {**({"Content-Type": "application/json"} if body is not None else {}), **headers}
+    req = urllib.request.Request(base_url + path, data=data, method=method, headers=hdrs)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read().decode()
+
+
+def raw_both(demo: ServerProcess, reference: int | None, method: str, path: str, headers: dict[str, str],
+             body: dict | None = None) -> tuple[tuple, tuple | None]:
+    theirs = raw(f"http://127.0.0.1:{reference}", method, path, headers, body) if reference else None
+    return raw(demo.base_url, method, path, headers, body), theirs
+
+
+PREFLIGHT = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}
+ECHOED = ("access-control-allow-origin", "access-control-allow-credentials", "access-control-allow-methods")
+
+
+def test_preflight_as_llama_server(demo, reference):
+    """Both echo the Origin, allow credentials and the same methods. llama-server's
+    Allow-Headers is the configured `*`, which a browser does not let cover `Authorization` on a
+    credentialed request; ours names the headers asked for."""
+    (status, h, body), theirs = raw_both(demo, reference, "OPTIONS", "/v1/chat/completions", PREFLIGHT)
+    assert status == 200 and body == ""
+    assert [h.get(k) for k in ECHOED] == ["http://example.com", "true", "GET, POST, DELETE, OPTIONS"]
+    assert h["access-control-allow-headers"] == "authorization, content-type"
+    if theirs is not None:
+        assert theirs[0] == 200 and [theirs[1].get(k) for k in ECHOED] == [h.get(k) for k in ECHOED]
+        assert theirs[1]["access-control-allow-headers"] == "*"
+
+
+def test_options_without_origin_is_a_200(demo, reference):
+    """Not a CORS preflight: llama-server answers every OPTIONS with a 200 (and an empty
+    Allow-Origin); so do we, with `Allow` and no CORS headers."""
+    (status, h, body), theirs = raw_both(demo, reference, "OPTIONS", "/v1/chat/completions", {})
+    assert status == 200 and body == "" and h["allow"] == "GET, POST, DELETE, OPTIONS"
+    assert "access-control-allow-origin" not in h
+    assert theirs is None or theirs[0] == 200
+
+
+def test_cross_origin_response_headers(demo, reference):
+    """A request with an Origin gets it echoed on the response by both. Ours also sends
+    `Allow-Credentials` (and `Vary: Origin`): a credentialed fetch needs it on the response, not
+    only on the preflight, and llama-server leaves it off."""
+    (status, h, _), theirs = raw_both(demo, reference, "GET", "/health", {"Origin": "http://example.com"})
+    assert status == 200 and h["access-control-allow-origin"] == "http://example.com"
+    assert h["access-control-allow-credentials"] == "true" and h["vary"] == "Origin"
+    if theirs is not None:
+        assert theirs[1]["access-control-allow-origin"] == "http://example.com"
+        assert "access-control-allow-credentials" not in theirs[1]
+
+
+@needs_llama
+def test_llama_server_tools_limit_cors_to_localhost(tmp_path):
+    """`--tools` (llama-server's built-in file and shell tools) makes its default origin
+    `localhost`. Here `--tools` is set aside with a warning (there are no server-side tools), so
+    nothing is exposed and `--cors-origins` keeps its default: the same request is echoed."""
+    with llama_server(tmp_path, "--jinja", "--tools", "all") as port:
+        for origin, echoed in [("http://example.com", None), ("http://localhost:3000", "http://localhost:3000")]:
+            _, h, _ = raw(f"http://127.0.0.1:{port}", "OPTIONS", "/v1/chat/completions",
+                          {**PREFLIGHT, "Origin": origin})
+            assert h.get("access-control-allow-origin") == echoed
+
+
+def test_tools_flag_leaves_cors_as_configured(tmp_path):
+    srv = start_server(str(DEMO), ["-t", "1", "-np", "1", "-c", "2048", "--tools", "all"], tmp_path / "tools.log", None)
+    try:
+        status, h, _ = raw(srv.base_url, "OPTIONS", "/v1/chat/completions", PREFLIGHT)
+        assert status == 200 and h["access-control-allow-origin"] == "http://example.com"
+    finally:
+        stop_server(srv)
+
+
+# ---- (7) /metrics --------------------------------------------------------------------------------
+
+TWO_COMPLETIONS = [{"prompt": "Hello there", "n_predict": 16, "temperature": 0}] * 2
+
+
+def scrape(base_url: str) -> tuple[dict[str, str], dict[str, float]]:
+    status, h, text = raw(base_url, "GET", "/metrics", {})
+    assert status == 200, text
+    return h, {k: float(v) for k, v in (line.split() for line in text.splitlines() if line.startswith("llamacpp:"))}
+
+
+def check_metrics(base_url: str) -> None:
+    """After two 16-token completions: llama-server's headers; rates since the last scrape, the
+    generation rate without each request's first token (sampled by the prompt step, so outside
+    the decode time); the native timings likewise."""
+    for body in TWO_COMPLETIONS:
+        status, _, text = raw(base_url, "POST", "/completion", {}, body)
+        t = json.loads(text)["timings"]
+        assert status == 200 and t["predicted_n"] == 16
+        assert t["predicted_per_second"] == pytest.approx(15e3 / t["predicted_ms"], rel=1e-3)
+        assert t["predicted_per_token_ms"] == pytest.approx(t["predicted_ms"] / 15, rel=1e-3)
+    h, m = scrape(base_url)
+    assert h["content-type"] == "text/plain; version=0.0.4" and h["process-start-time-unix"].isdigit()
+    assert m["llamacpp:tokens_predicted_total"] == 32
+    assert m["llamacpp:predicted_tokens_seconds"] == pytest.approx(30 / m["llamacpp:tokens_predicted_seconds_total"],
+                                                                   rel=1e-3)
+    assert m["llamacpp:prompt_tokens_seconds"] == pytest.approx(
+        m["llamacpp:prompt_tokens_total"] / m["llamacpp:prompt_seconds_total"], rel=1e-3)
+    _, again = scrape(base_url)  # nothing ran since: a new window, no rate
+    assert again["llamacpp:predicted_tokens_seconds"] == 0 and again["llamacpp:prompt_tokens_seconds"] == 0
+
+
+def test_metrics_as_llama_server(tmp_path):
+    srv = start_server(str(DEMO), ["-t", "1", "-np", "1", "-c", "2048", "--metrics"], tmp_path / "metrics.log", None)
+    try:
+        check_metrics(srv.base_url)
+    finally:
+        stop_server(srv)
+    if HAVE_LLAMA:
+        with llama_server(tmp_path, "--jinja", "--metrics") as port:
+            check_metrics(f"http://127.0.0.1:{port}")
+
+
+# ---- (8) logprobs and logit_bias while the model reasons -----------------------------------------
+
+REASON = {"messages": HI, "max_tokens": 40, "temperature": 0}
+
+
+def test_logprobs_cover_the_reasoning(demo, reference):
+    """Both servers give a logprob for every generated token, the harmony header and analysis
+    channel included (40 tokens, all reasoning here). Streamed, ours gives the same list;
+    llama-server's stream drops those of the header tokens after `<|channel|>` (they make no delta)."""
+    body = {**REASON, "logprobs": True, "top_logprobs": 1}
+    (status, r), theirs = post_both(demo, reference, "/v1/chat/completions", body)
+    choice = r["choices"][0]
+    tokens = [t["token"] for t in choice["logprobs"]["content"]]
+    assert status == 200 and len(tokens) == r["usage"]["completion_tokens"] == 40
+    assert tokens[:2] == ["<|channel|>", "an"] and choice["message"]["reasoning_content"] in "".join(tokens)
+    chunks = [c for c in sse(demo, "/v1/chat/completions", {**body, "stream": True}, key=None) if c != "[DONE]"]
+    streamed = [t["token"] for c in chunks for ch in c["choices"]
+                for t in (ch.get("logprobs") or {}).get("content") or []]
+    assert streamed == tokens
+    if theirs is not None:
+        assert theirs[0] == 200 and [t["token"] for t in theirs[1]["choices"][0]["logprobs"]["content"]] == tokens
+
+
+def test_logit_bias_applies_to_reasoning_tokens(demo, reference):
+    """The reasoning starts with "The" (token 514) unbiased; banned, both servers reason otherwise."""
+    status, plain = demo.request("POST", "/v1/chat/completions", REASON)
+    assert status == 200 and plain["choices"][0]["message"]["reasoning_content"].startswith("The")
+    (status, r), theirs = post_both(demo, reference, "/v1/chat/completions", {**REASON, "logit_bias": {"514": -100}})
+    msg = r["choices"][0]["message"]
+    assert status == 200 and not msg["reasoning_content"].startswith("The")
+    if theirs is not None:
+        assert theirs[1]["choices"][0]["message"] == msg

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hybridmoe import __version__
@@ -202,7 +202,10 @@ def register(app: FastAPI, w: Wiring) -> None:
             raise APIError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
                            type="not_supported_error")
         s = w.service()
-        return PlainTextResponse(prometheus_text(s.engine, s.counters), media_type="text/plain; version=0.0.4")
+        # llama-server's headers, exactly: no charset on the content type, and the start time.
+        return Response(prometheus_text(s.engine, s.counters),
+                        headers={"Content-Type": "text/plain; version=0.0.4",
+                                 "Process-Start-Time-Unix": str(s.counters.started)})
 
     @app.get("/v1/loads")
     async def loads() -> Any:  # SGLang's load report, polled by gateways (smg): server/loads.py

@@ -4,7 +4,8 @@ Default (`*` with credentials): the request's Origin is echoed back and credenti
 browser front-ends on another port work. `localhost`: only origins whose host is localhost,
 127.0.0.1 or ::1 are echoed. Otherwise a comma-separated list of exact origins. An origin not
 allowed gets no `Access-Control-Allow-Origin`, so the browser blocks the response. Preflights
-(`OPTIONS`) are answered here, before the API key check (browsers send no key on them); with
+(`OPTIONS`) are answered here, before the API key check (browsers send no key on them), and any
+other OPTIONS request with a 200 and `Allow` (llama-server answers every OPTIONS with a 200); with
 `--cors-headers *` the headers the browser asks for are allowed by name, since browsers never let
 `*` cover `Authorization`.
 """
@@ -59,8 +60,10 @@ class CorsMiddleware:
             if self.config.credentials:
                 cors.append((b"access-control-allow-credentials", b"true"))
             cors.append((b"vary", b"Origin"))
-        if scope["method"] == "OPTIONS" and origin is not None:
-            if allow is not None:
+        if scope["method"] == "OPTIONS":  # as llama-server: every OPTIONS is a 200, CORS or not
+            if allow is None:
+                cors.append((b"allow", self.config.methods.encode("latin-1")))
+            else:
                 wanted = headers.get("access-control-request-headers", "")
                 allow_headers = wanted if self.config.headers.strip() == "*" and wanted else self.config.headers
                 cors += [(b"access-control-allow-methods", self.config.methods.encode("latin-1")),

@@ -4,9 +4,11 @@ dashboards work (`llamacpp:` prefix, the speculative-decoding counters included)
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 from hybridmoe.engine.engine import Engine, Usage
+from hybridmoe.engine.output import Metrics
 
 
 @dataclass
@@ -14,11 +16,26 @@ class ServerCounters:
     """Per-request quantities the engine does not count, recorded when a request finishes."""
 
     n_tokens_max: int = 0  # longest sequence seen (prompt + generation), llama-server's meaning
+    first_tokens: int = 0  # requests that generated a token: each first token comes from the prompt step
+    started: int = field(default_factory=lambda: int(time.time()))  # the Process-Start-Time-Unix header
+    _scraped: tuple[int, float, int, float] = (0, 0.0, 0, 0.0)  # the engine's totals at the last scrape
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, usage: Usage) -> None:
         with self._lock:
             self.n_tokens_max = max(self.n_tokens_max, usage.prompt_tokens + usage.completion_tokens)
+            self.first_tokens += usage.completion_tokens > 0
+
+    def rates(self, m: Metrics) -> tuple[float, float]:
+        """Prompt and generation tokens/s since the last scrape, as llama-server's gauges (each
+        /metrics starts a new window). Generation excludes each request's first token: it is sampled
+        by the prompt step, so the decode time holds one token fewer than the request generated."""
+        with self._lock:
+            now = (m.prompt_tokens_total, m.prompt_seconds_total,
+                   m.tokens_predicted_total - self.first_tokens, m.tokens_predicted_seconds_total)
+            d = [a - b for a, b in zip(now, self._scraped, strict=True)]
+            self._scraped = now
+        return (d[0] / d[1] if d[1] > 0 else 0.0), (max(d[2], 0) / d[3] if d[3] > 0 else 0.0)
 
 
 def prometheus_text(engine: Engine, counters: ServerCounters | None = None) -> str:
@@ -26,6 +43,7 @@ def prometheus_text(engine: Engine, counters: ServerCounters | None = None) -> s
     c = counters or ServerCounters()
     status = engine.status()
     busy = sum(s["is_processing"] for s in status["slots"])
+    prompt_rate, predicted_rate = c.rates(m)
     counter_rows = [
         ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens.", m.prompt_tokens_total),
         ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.", m.cached_tokens_total),
@@ -44,10 +62,9 @@ def prometheus_text(engine: Engine, counters: ServerCounters | None = None) -> s
         ("requests_rejected_total", "Requests refused because the queue was full.", m.requests_rejected_total),
     ]
     gauge_rows = [
-        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
-         m.prompt_tokens_total / m.prompt_seconds_total if m.prompt_seconds_total else 0.0),
-        ("predicted_tokens_seconds", "Average generation throughput in tokens/s.",
-         m.tokens_predicted_total / m.tokens_predicted_seconds_total if m.tokens_predicted_seconds_total else 0.0),
+        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s since the last scrape.", prompt_rate),
+        ("predicted_tokens_seconds", "Average generation throughput in tokens/s since the last scrape.",
+         predicted_rate),
         ("requests_processing", "Number of requests processing.", busy),
         ("requests_deferred", "Number of requests waiting for a slot.", status["requests_waiting"]),
         ("n_busy_slots_per_decode", "Average number of busy slots per forward call.",

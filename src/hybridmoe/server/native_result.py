@@ -21,8 +21,12 @@ def llama_timings(t: dict[str, float] | None) -> dict[str, float] | None:
     """The engine's timings with llama-server's per-token times added, in its key order."""
     if t is None:
         return None
+    # predicted_ms runs from the first token (sampled by the prompt step) to the last, so it holds
+    # predicted_n - 1 decodes: llama-server's per-token time and rate divide by that.
+    decoded = max(t.get("predicted_n", 0) - 1, 0)
     per = {"prompt_per_token_ms": t["prompt_ms"] / t["prompt_n"] if t.get("prompt_n") else 0.0,
-           "predicted_per_token_ms": t["predicted_ms"] / t["predicted_n"] if t.get("predicted_n") else 0.0}
+           "predicted_per_token_ms": t.get("predicted_ms", 0.0) / decoded if decoded else 0.0,
+           "predicted_per_second": decoded * 1e3 / t["predicted_ms"] if decoded and t.get("predicted_ms") else 0.0}
     order = ["cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
              "predicted_ms", "predicted_per_token_ms", "predicted_per_second"]
     merged = {**t, **per}
