@@ -32,3 +32,19 @@ def test_harmony_markers_live_in_one_file():
     strays = {name: found for name, text in _sources().items() if name not in MARKER_FILES
               if (found := sorted({m.group(0) for m in HARMONY_MARKERS.finditer(text)} - OTHER_FORMATS.get(name, set())))}
     assert not strays, f"harmony markup outside {sorted(MARKER_FILES)} (take it from the chat format): {strays}"
+
+
+IMPORT = re.compile(r"^from hybridmoe\.([\w.]+) import \(?([^)\n]*)", re.M)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A leading underscore means "this module's own"; a package may still use its private
+    submodules (kernels._lib)."""
+    strays = []
+    for name, text in _sources().items():
+        package = name.rsplit("/", 1)[0].replace("/", ".") if "/" in name else ""
+        for module, names in IMPORT.findall(text):
+            private = [n.strip() for n in names.split(",") if n.strip().startswith("_")]
+            if private and module != package:
+                strays.append(f"{name}: from hybridmoe.{module} import {', '.join(private)}")
+    assert not strays, strays

@@ -14,7 +14,7 @@ from typing import Any
 from hybridmoe.gguf.constants import GGUFValueType
 from hybridmoe.gguf.errors import GGUFError
 from hybridmoe.gguf.reader import GGUFFile
-from hybridmoe.gguf.writer import TensorSpec, _header
+from hybridmoe.gguf.writer import TensorSpec, header_and_offsets
 
 
 def replace_metadata(src: str | os.PathLike, dst: str | os.PathLike, updates: dict[str, Any]) -> None:
@@ -32,7 +32,7 @@ def replace_metadata(src: str | os.PathLike, dst: str | os.PathLike, updates: di
         meta.setdefault(key, value)
     infos = sorted(g.tensors.values(), key=lambda t: t.offset)
     specs = [TensorSpec(t.name, t.ggml_type, t.ne) for t in infos]
-    head, offsets = _header(meta, specs, g.alignment)
+    head, offsets = header_and_offsets(meta, specs, g.alignment)
     for t, off in zip(infos, offsets):
         if g.data_offset + off != t.offset:
             raise GGUFError(f"{g.path}: tensor {t.name!r} is not where a rewrite would put it (its file has "

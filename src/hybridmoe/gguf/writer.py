@@ -153,7 +153,7 @@ def _align(n: int, a: int) -> int:
     return -(-n // a) * a
 
 
-def _header(metadata: dict[str, Any], tensors: Sequence[TensorSpec], alignment: int
+def header_and_offsets(metadata: dict[str, Any], tensors: Sequence[TensorSpec], alignment: int
             ) -> tuple[bytes, list[int]]:
     """Header bytes (padded to alignment) and each tensor's offset relative to the data start."""
     meta = dict(metadata)
@@ -218,7 +218,7 @@ def write_gguf(path: str | os.PathLike, metadata: dict[str, Any], tensors: Seque
     """
     if alignment <= 0 or alignment & (alignment - 1) or alignment % 8:
         raise ValueError(f"alignment {alignment} must be a power of two and a multiple of 8")
-    head, offsets = _header(metadata, tensors, alignment)
+    head, offsets = header_and_offsets(metadata, tensors, alignment)
     total = len(head) + (offsets[-1] + tensors[-1].nbytes if tensors else 0)
     with open(path, "wb") as f:
         f.write(head)
