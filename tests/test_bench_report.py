@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from hybridmoe.synth import PRESETS
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "bench")
 sys.path.insert(0, BENCH)
@@ -117,18 +119,23 @@ def test_vs_llamacpp_finds_llama_bench_beside_llama_server(tmp_path, monkeypatch
 
 
 def test_a_bench_run_emits_a_record_the_report_renders(tiny_gguf, tmp_path):
-    """decode_breakdown on the tiny model (a few steps, one mode): the record it writes passes the
-    checks, its parts add up to the step, and it becomes a section of the page."""
+    """decode_breakdown on the tiny model (a few steps of two streams, one mode): the record it writes
+    passes the checks, its parts add up to the step, the experts read lie between one token's and two
+    tokens' worth, and it becomes a section of the page."""
     out = tmp_path / "decode_breakdown-2026-01-01-test.json"
     r = subprocess.run([sys.executable, os.path.join(BENCH, "decode_breakdown.py"), "-m", tiny_gguf, "-t", "1",
-                        "--modes", "exact", "--runs", "1", "--steps", "3", "--ctx", "8", "--json", str(out)],
+                        "--modes", "exact", "--runs", "1", "--steps", "3", "--ctx", "8", "--streams", "2",
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("cpu: ")
     rec = json.loads(out.read_text())
     assert record.check(rec) == [] and rec["source"] == "emitted by bench/decode_breakdown.py"
     parts = {row["part"]: row for row in rec["rows"]}
-    assert parts["MoE experts"]["MB/token"] > 0 and parts["output head"]["GB/s"] > 0
+    assert parts["MoE experts"]["MB/step"] > 0 and parts["output head"]["GB/s"] > 0
+    used = PRESETS["tiny"].config.n_experts_used
+    assert used <= parts["experts read per layer"]["ms/step"] <= 2 * used
+    assert parts["tok/s"]["ms/step"] == pytest.approx(2 / parts["step"]["ms/step"] * 1e3)
     run = rec["runs"][0]["parts_s"]
     assert sum(v for k, v in run.items() if k != "step") == pytest.approx(run["step"], rel=0.25)
     page = report.render_doc(report.load_records(str(tmp_path)), "# intro")
