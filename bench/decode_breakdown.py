@@ -17,6 +17,9 @@ k/E of the expert tensors; the KV cache for attention) and GB/s against the read
 the same child measured right after its steps. A timer costs ~0.2 us; the step time is measured
 with the timers on.
 
+On the CPU the MoE block is one kernel call (norm, router, experts, residual add): there "MoE
+experts" is that call and "router + norm + residual" what Python spends around it.
+
 `--streams N` times steps of N sequences at once (each with its own cache and prompt), as a server
 with N busy slots runs them: times and bytes are per step, the experts' bytes those of the distinct
 experts the step's tokens were routed to, tok/s = N / step.
@@ -69,6 +72,18 @@ class CountedExperts(Timed):
     def __call__(self, h, ids, weights):
         self._spent["distinct experts"] += len(set(ids.reshape(-1).tolist()))
         return super().__call__(h, ids, weights)
+
+    def block(self, x, norm_w, eps, router_w, router_b, k):
+        """The fused MoE block (norm, router, experts, residual in one kernel call), timed whole."""
+        import torch
+
+        ids, wts = torch.empty((x.shape[0], k), dtype=torch.int32), torch.empty((x.shape[0], k))
+        t = time.perf_counter()
+        try:
+            return self._inner.block(x, norm_w, eps, router_w, router_b, k, routing_out=(ids, wts))
+        finally:
+            self._spent[self._part] += time.perf_counter() - t
+            self._spent["distinct experts"] += len(set(ids.reshape(-1).tolist()))
 
 
 def held_bytes(mf, name: str) -> int:

@@ -462,7 +462,7 @@ void moe_combine_job(void* p, int) {
 
 using namespace hm;
 
-HM_API int hm_abi_version() { return 10; }
+HM_API int hm_abi_version() { return 11; }
 
 HM_API int hm_isa_supported(const char* name) { return isa_supported(name) ? 1 : 0; }
 
@@ -588,22 +588,23 @@ HM_API int hm_linear(int fmt, const float* x, int64_t T, int64_t K, const uint8_
 // gpt-oss MoE layer: out[T, H] = sum_j w[t, j] * expert_{ids[t, j]}(x[t]). Gate/up tensors are
 // [E, I, H/32 blocks] and down [E, H, I/32 blocks], rows contiguous, experts *_es bytes apart.
 // act: kActF32 / kActI16 / kActI8 / kActI8x3 (see above).
-HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* ids, const float* wts,
-                          int64_t k, int64_t E, int64_t I, int fmt, int down_fmt, const uint8_t* gate,
-                          int64_t gate_es, const uint8_t* up, int64_t up_es, const uint8_t* down, int64_t down_es,
-                          const float* gate_bias, const float* up_bias, const float* down_bias,
-                          float alpha, float limit, float* out, int act) {
-    if (!fmt_ok(fmt) || !fmt_ok(down_fmt) || !act_ok(act) || T < 0 || k < 1 || E < 1 || !k_ok(fmt, H) ||
-        !k_ok(down_fmt, I))
-        return kErrBadArg;
+namespace hm {
+namespace {
+bool moe_args_ok(int64_t T, int64_t H, int64_t k, int64_t E, int64_t I, int fmt, int down_fmt, int act) {
+    return fmt_ok(fmt) && fmt_ok(down_fmt) && act_ok(act) && T >= 0 && k >= 1 && E >= 1 && k_ok(fmt, H) &&
+           k_ok(down_fmt, I);
+}
+
+// hm_moe_forward's work, ids already checked; the caller holds g_call_mu.
+void moe_forward_locked(const float* x, int64_t T, int64_t H, const int32_t* ids, const float* wts, int64_t k,
+                        int64_t E, int64_t I, int fmt, int down_fmt, const uint8_t* gate, int64_t gate_es,
+                        const uint8_t* up, int64_t up_es, const uint8_t* down, int64_t down_es,
+                        const float* gate_bias, const float* up_bias, const float* down_bias, float alpha,
+                        float limit, float* out, int act) {
     // The activation rows are laid out once for both projections: the native kernels' modes
     // only where gate/up and down share a native format; else fp32 everywhere.
     if (fmt != down_fmt) act = kActF32;
     act = effective_act(act, fmt);
-    if (T == 0) return 0;
-    for (int64_t i = 0; i < T * k; ++i)
-        if (ids[i] < 0 || ids[i] >= E) return kErrBadExpert;
-    std::lock_guard<std::mutex> lock(g_call_mu);
     MoeCtx c;
     c.ks = g_ks; c.fmt = fmt; c.down_fmt = down_fmt; c.H = H; c.I = I; c.T = T; c.k = k;
     c.gate = gate; c.up = up; c.down = down;
@@ -740,6 +741,90 @@ HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* i
     g_pool->run(moe_down_job, &c);
     c.next.store(0);
     g_pool->run(moe_combine_job, &c);
+}
+
+void rms_norm_rows(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* out) {
+    for (int64_t t = 0; t < rows; ++t) {
+        const float* xr = x + t * n;
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+        const float r = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
+        float* o = out + t * n;
+        for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * r * w[i];
+    }
+}
+
+// gpt-oss routing of one token: the k largest logits (ties to the lower expert id), softmax over
+// those k only (max subtracted, as torch.softmax).
+void route_token(const float* logits, int64_t E, int64_t k, int32_t* ids, float* wts) {
+    for (int64_t j = 0; j < k; ++j) {
+        int32_t best = -1;
+        for (int64_t e = 0; e < E; ++e) {
+            bool taken = false;
+            for (int64_t i = 0; i < j; ++i) taken = taken || ids[i] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = int32_t(e);
+        }
+        ids[j] = best;
+    }
+    const float top = logits[ids[0]];
+    float sum = 0.f;
+    for (int64_t j = 0; j < k; ++j) sum += (wts[j] = std::exp(logits[ids[j]] - top));
+    for (int64_t j = 0; j < k; ++j) wts[j] /= sum;
+}
+
+Scratch<float> g_normed, g_router_in, g_logits;
+}  // namespace
+}  // namespace hm
+
+HM_API int hm_moe_forward(const float* x, int64_t T, int64_t H, const int32_t* ids, const float* wts,
+                          int64_t k, int64_t E, int64_t I, int fmt, int down_fmt, const uint8_t* gate,
+                          int64_t gate_es, const uint8_t* up, int64_t up_es, const uint8_t* down, int64_t down_es,
+                          const float* gate_bias, const float* up_bias, const float* down_bias,
+                          float alpha, float limit, float* out, int act) {
+    if (!moe_args_ok(T, H, k, E, I, fmt, down_fmt, act)) return kErrBadArg;
+    if (T == 0) return 0;
+    for (int64_t i = 0; i < T * k; ++i)
+        if (ids[i] < 0 || ids[i] >= E) return kErrBadExpert;
+    std::lock_guard<std::mutex> lock(g_call_mu);
+    moe_forward_locked(x, T, H, ids, wts, k, E, I, fmt, down_fmt, gate, gate_es, up, up_es, down, down_es,
+                       gate_bias, up_bias, down_bias, alpha, limit, out, act);
+    return 0;
+}
+
+// A gpt-oss MoE block in one call (a decode step's layer pays one call instead of ~8 torch ops,
+// each slow right after the weight stream): h = RMSNorm(x) * norm_w; logits = h @ router_w^T +
+// router_b (router_w [E, H] float32); top-k and softmax over the k (route_token); out = x +
+// experts(h). The routing goes to ids_out / wts_out [T, k] when those are non-null.
+HM_API int hm_moe_block(const float* x, int64_t T, int64_t H, const float* norm_w, float eps,
+                        const float* router_w, const float* router_b, int64_t k, int64_t E, int64_t I, int fmt,
+                        int down_fmt, const uint8_t* gate, int64_t gate_es, const uint8_t* up, int64_t up_es,
+                        const uint8_t* down, int64_t down_es, const float* gate_bias, const float* up_bias,
+                        const float* down_bias, float alpha, float limit, float* out, int act, int32_t* ids_out,
+                        float* wts_out) {
+    if (!moe_args_ok(T, H, k, E, I, fmt, down_fmt, act) || k > E || H % 8 != 0) return kErrBadArg;
+    if (T == 0) return 0;
+    std::lock_guard<std::mutex> lock(g_call_mu);
+    float* h = grow(g_normed, size_t(T * H));
+    rms_norm_rows(x, T, H, norm_w, eps, h);
+    std::vector<const float*> rows(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = h + t * H;
+    float* hp = grow(g_router_in, size_t(packed_floats(T, H)));
+    g_ks->pack_a(rows.data(), T, H, hp);
+    float* logits = grow(g_logits, size_t(T * E));
+    g_ks->gemm(hp, T, router_w, E, H, logits, E);
+    std::vector<int32_t> ids(size_t(T * k));
+    std::vector<float> wts(size_t(T * k));
+    for (int64_t t = 0; t < T; ++t) {
+        float* lt = logits + t * E;
+        if (router_b)
+            for (int64_t e = 0; e < E; ++e) lt[e] += router_b[e];
+        route_token(lt, E, k, ids.data() + t * k, wts.data() + t * k);
+    }
+    moe_forward_locked(h, T, H, ids.data(), wts.data(), k, E, I, fmt, down_fmt, gate, gate_es, up, up_es, down,
+                       down_es, gate_bias, up_bias, down_bias, alpha, limit, out, act);
+    for (int64_t i = 0; i < T * H; ++i) out[i] = x[i] + out[i];
+    if (ids_out) std::copy(ids.begin(), ids.end(), ids_out);
+    if (wts_out) std::copy(wts.begin(), wts.end(), wts_out);
     return 0;
 }
 
@@ -829,14 +914,7 @@ HM_API int hm_attn_decode(float* q, float* k, const float* v, int64_t Hq, int64_
 // torch ops RMSNorm costs on the CPU (each slow right after a weight stream).
 HM_API int hm_rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, float* out) {
     if (rows < 0 || n < 1) return kErrBadArg;
-    for (int64_t t = 0; t < rows; ++t) {
-        const float* xr = x + t * n;
-        double ss = 0.0;
-        for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
-        const float r = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
-        float* o = out + t * n;
-        for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * r * w[i];
-    }
+    rms_norm_rows(x, rows, n, w, eps, out);
     return 0;
 }
 

@@ -295,3 +295,54 @@ def test_swiglu_kernel_exact_across_isas_and_close_to_float64(isa, n, bias, use_
     x = np.abs(1.702 * np.minimum((g + (gb if bias else 0)).astype(np.float64), 7.0))[finite]
     assert (rel <= (x + 8) * 2.0**-23).all(), (rel.max(), x[rel.argmax()])
     assert np.array_equal(got[~finite & ~nan], want[~finite & ~nan])  # -inf * (u + 1) etc.
+
+
+def block_reference64(x: torch.Tensor, norm_w: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor,
+                      k: int, ex: K.ExpertTensors) -> tuple[torch.Tensor, ...]:
+    """The MoE block in float64 as the model's unfused path composes it: out, ids, weights, logits."""
+    x64 = x.double()
+    h = x64 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + 1e-5) * norm_w.double()
+    logits = h @ router_w.double().T + router_b.double()
+    vals, ids = torch.topk(logits, k, dim=-1)
+    wts = torch.softmax(vals, dim=-1)
+    return x64 + moe_reference64(h.float(), ids.to(torch.int32), wts.float(), ex).double(), ids, wts, logits
+
+
+@pytest.mark.parametrize("isa", isa_params())
+@pytest.mark.parametrize("T,k", [(1, 4), (3, 2), (37, 4)])
+def test_moe_block_matches_the_unfused_block(isa, T, k, use_isa, act_mode):
+    """Norm, router, top-k/softmax, experts and residual in one call: the same routing as the
+    float64 composition (fresh random inputs, checked for near ties) and the same output."""
+    use_isa(isa)
+    rng = np.random.default_rng()
+    E = 16
+    ex = make_experts(rng, E, H, I)
+    x = torch.from_numpy(rng.standard_normal((T, H), dtype=np.float32)) * 3
+    norm_w = torch.from_numpy(rng.uniform(0.5, 1.5, H).astype(np.float32))
+    router_w = torch.from_numpy(rng.standard_normal((E, H), dtype=np.float32)) * 0.1
+    router_b = torch.from_numpy(rng.standard_normal(E, dtype=np.float32)) * 0.1
+    ref, ref_ids, ref_wts, logits = block_reference64(x, norm_w, router_w, router_b, k, ex)
+    gaps = torch.sort(logits, dim=-1, descending=True).values
+    assert (gaps[:, k - 1] - gaps[:, k]).min() > 1e-5, "near tie in the random router: rerun"
+    ids, wts = torch.empty((T, k), dtype=torch.int32), torch.empty((T, k))
+    out = K.MoeBlock(norm_w, 1e-5, router_w, router_b, k, ex, act=act_mode)(x, routing_out=(ids, wts))
+    assert torch.equal(ids.long(), ref_ids)
+    assert rel_err(wts, ref_wts.float()) < 1e-6
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref.float()) < default_tol(MOE_TOL, act_mode)
+
+
+def test_moe_block_rejects_bad_arguments():
+    rng = np.random.default_rng(0)
+    ex = make_experts(rng, 4, H, I)
+    x, norm_w, router_w = torch.randn(2, H), torch.ones(H), torch.randn(4, H)
+    with pytest.raises(ValueError, match="router_w"):
+        K.MoeBlock(norm_w, 1e-5, torch.randn(3, H), None, 2, ex)
+    with pytest.raises(ValueError, match="k = 5"):
+        K.MoeBlock(norm_w, 1e-5, router_w, None, 5, ex)
+    block = K.MoeBlock(norm_w, 1e-5, router_w, None, 2, ex)
+    with pytest.raises(ValueError, match="x must be"):
+        block(torch.randn(2, H + 1))
+    with pytest.raises(ValueError, match="routing_out ids"):
+        block(x, routing_out=(torch.empty((2, 2), dtype=torch.int64), torch.empty(2, 2)))
+    assert torch.isfinite(block(x)).all()

@@ -231,6 +231,53 @@ def moe_forward(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch
     return out
 
 
+class MoeBlock:
+    """A whole gpt-oss MoE block in one kernel call: x + experts(h), h = rms_norm(x) * norm_w, routed
+    to the top-k of h @ router_w^T + router_b (ties to the lower id), softmax over those k. The
+    weights are checked once here and their pointers kept (a decode step calls it once per layer).
+
+    norm_w [H], router_w [E, H], router_b [E] float32 CPU. Needs the library and native expert types.
+    `block(x)` with x [T, H] float32 -> [T, H]; `routing_out` (ids int32, weights float32, [T, k])
+    receives the routing.
+    """
+
+    def __init__(self, norm_w: torch.Tensor, eps: float, router_w: torch.Tensor, router_b: torch.Tensor | None,
+                 k: int, experts: ExpertTensors, swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
+                 act: Activations = Activations.FP32):
+        if LIB is None or experts.ggml_type not in BLOCK_BYTES or experts.down_type not in BLOCK_BYTES:
+            raise RuntimeError("MoeBlock needs the kernel library and expert types it multiplies")
+        self.hidden, E = experts.dims()[0], experts.num_experts
+        if not 1 <= k <= E:
+            raise ValueError(f"MoeBlock: k = {k} experts per token, the layer has {E}")
+        self.k = k
+        self._keep = [t.contiguous() for t in (norm_w, router_w) + ((router_b,) if router_b is not None else ())]
+        ptrs = [_cpu_f32(self._keep[0], "norm_w", self.hidden), _cpu_f32(self._keep[1], "router_w", E * self.hidden),
+                _cpu_f32(self._keep[2], "router_b", E) if router_b is not None else None]
+        _, I, fmt, dfmt, g, gs, u, us, d, ds, gb, ub, db = experts.c_args()
+        self._experts = experts  # keeps the views behind the pointers alive
+        self._args = (ptrs[0], eps, ptrs[1], ptrs[2], k, E, I, fmt, dfmt, g, gs, u, us, d, ds, gb, ub, db,
+                      swiglu_alpha, swiglu_limit)
+        self._mode = act_code(act)
+
+    def __call__(self, x: torch.Tensor, routing_out: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"x must be [T, {self.hidden}], got {tuple(x.shape)}")
+        x = _f32(x, "x", tuple(x.shape))
+        T, ids_p, wts_p = x.shape[0], None, None
+        if routing_out is not None:
+            ids, wts = routing_out
+            if ids.dtype != torch.int32 or tuple(ids.shape) != (T, self.k) or not ids.is_contiguous():
+                raise ValueError(f"routing_out ids must be a contiguous int32 [{T}, {self.k}] tensor")
+            ids_p, wts_p = ids.data_ptr(), _cpu_f32(wts, "routing_out weights", T * self.k)
+        out = torch.empty_like(x)
+        a = self._args
+        rc = LIB.hm_moe_block(x.data_ptr(), T, self.hidden, *a, out.data_ptr(), self._mode, ids_p, wts_p)
+        if rc:
+            raise ValueError(f"moe_block: bad arguments (x {tuple(x.shape)}, k {self.k}), code {rc}")
+        return out
+
+
 # ----------------------------------------------------------------------------- dense
 def _linear(x: torch.Tensor, w: np.ndarray, bias: torch.Tensor | None, t: GGMLType,
             act: Activations = Activations.FP32) -> torch.Tensor:

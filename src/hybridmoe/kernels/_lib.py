@@ -56,8 +56,10 @@ _SIGNATURES = {
                         _F, _P], _I32),
     "hm_moe_forward": ([_P, _I64, _I64, _P, _P, _I64, _I64, _I64, _I32, _I32, _P, _I64, _P, _I64, _P, _I64,
                         _P, _P, _P, _F, _F, _P, _I32], _I32),
+    "hm_moe_block": ([_P, _I64, _I64, _P, _F, _P, _P, _I64, _I64, _I64, _I32, _I32, _P, _I64, _P, _I64, _P, _I64,
+                      _P, _P, _P, _F, _F, _P, _I32, _P, _P], _I32),
 }
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 
 def _find_library() -> str | None:

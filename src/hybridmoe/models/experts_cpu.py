@@ -27,11 +27,24 @@ class CpuExperts:
         self.experts = experts
         self.alpha, self.limit = alpha, limit
         self.act = act
+        # `block` can run: the library is loaded and multiplies these expert types
+        self.fuses_block = kernels.available() and {experts.ggml_type, experts.down_type} <= set(kernels.BLOCK_BYTES)
+        self._block: kernels.MoeBlock | None = None
 
     def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """h [T, H], ids [T, k] int, weights [T, k] (CPU) -> [T, H] float32."""
         return kernels.moe_forward(h.float().contiguous(), ids.contiguous(), weights.float().contiguous(),
                                    self.experts, swiglu_alpha=self.alpha, swiglu_limit=self.limit, act=self.act)
+
+    def block(self, x: torch.Tensor, norm_w: torch.Tensor, eps: float, router_w: torch.Tensor,
+              router_b: torch.Tensor | None, k: int,
+              routing_out: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The whole MoE block, x + experts(rms_norm(x)) routed top-k, in one kernel call; the
+        block's weights are bound on the first call (they are the layer's own, every call)."""
+        if self._block is None:
+            self._block = kernels.MoeBlock(norm_w, eps, router_w, router_b, k, self.experts, self.alpha,
+                                           self.limit, self.act)
+        return self._block(x, routing_out)
 
 
 class RouteBuffers:

@@ -117,6 +117,11 @@ class MoEBlock:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.device)
+        # CPU experts with the kernels run the whole block in one call: a decode step's ~8 small
+        # torch ops would each cost several times their warm time after the experts' weight stream.
+        if getattr(self.experts, "fuses_block", False):
+            return self.experts.block(x.float(), self.norm, self.cfg.rms_eps, self.router_w, self.router_b,
+                                      self.cfg.n_experts_used)
         h = rms_norm(x, self.norm, self.cfg.rms_eps)
         logits = torch.nn.functional.linear(h, self.router_w, self.router_b)
         vals, idx = torch.topk(logits, self.cfg.n_experts_used, dim=-1)
