@@ -11,7 +11,9 @@ of the bests (tok/s max, seconds and GiB min).
 Per child the record also keeps what memory it had: how much of the model file was in the page
 cache when it started (`fincore`), its peak resident file pages and anonymous memory (sampled from
 /proc), and how busy the rest of the machine was while it ran (CPU time of other processes, in
-cores; a child with more than 0.25 cores of other work is marked busy and the table says so).
+cores), and how much of the page cache the kernel evicted and read back meanwhile (refaults: a
+VM's memory manager may page the file out under a running engine); a child with more than 0.25
+cores of other work or 0.25 GiB of refaults is marked busy and the table says so.
 
 Page cache (`--cache`): `warm` (default) reads the file once before the first child and leaves
 it: each engine then meets the cache as the others left it, which is how a user runs; `drop`
@@ -55,6 +57,7 @@ TG_TOKENS = 64
 WARMUP_TOKENS = 64  # one prefill right after load (page faults, thread start); timed apart
 RATE_KEYS = [*(f"pp{n}" for n in PP_SIZES), f"tg{TG_TOKENS}"]  # tok/s, one value per repetition
 BUSY_CORES = 0.25  # other processes' CPU use (in cores) above which a child's run is marked busy
+REFAULT_GIB = 0.25  # file pages re-read after eviction during a child above which it is marked busy
 
 
 def _token_ids(n: int, vocab: int, seed: int) -> list[int]:
@@ -113,6 +116,19 @@ def cached_gib(path: str) -> float | None:
         return int(r.stdout.split()[0]) / 2**30 if r.returncode == 0 and r.stdout.split() else None
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
+
+
+def refaulted_gib() -> float:
+    """File pages the kernel has read back soon after evicting them, since boot (/proc/vmstat
+    workingset_refault_file, 4 KiB pages): a child during which this grows re-read weights from disk."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("workingset_refault_file "):
+                    return int(line.split()[1]) * 4096 / 2**30
+    except OSError:
+        pass
+    return 0.0
 
 
 def _busy_jiffies() -> int:
@@ -318,9 +334,10 @@ def run_child(engine: str, model: str, args: argparse.Namespace, llama: LlamaCpp
         cmd += ["--llama-bench", llama.path]
     facts = {"cached_gib_at_start": cached_gib(model), "load_avg_before": machine.load_average()}
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    busy0, t0 = _busy_jiffies(), time.perf_counter()
+    busy0, refault0, t0 = _busy_jiffies(), refaulted_gib(), time.perf_counter()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     wall = time.perf_counter() - t0
+    facts["refaulted_gib"] = refaulted_gib() - refault0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     other = (_busy_jiffies() - busy0) / os.sysconf("SC_CLK_TCK") - own
@@ -328,7 +345,7 @@ def run_child(engine: str, model: str, args: argparse.Namespace, llama: LlamaCpp
     if r.returncode != 0 or not lines:
         raise RuntimeError(f"{engine} run failed (rc {r.returncode}):\n{r.stderr[-3000:]}")
     facts["other_cores"] = max(0.0, other / wall)
-    facts["busy"] = facts["other_cores"] > BUSY_CORES
+    facts["busy"] = facts["other_cores"] > BUSY_CORES or facts["refaulted_gib"] > REFAULT_GIB
     return {**json.loads(lines[-1]), **facts}
 
 
@@ -399,8 +416,8 @@ def summarize(results: dict[str, list[dict]], engines: list[str]) -> tuple[list[
         stream[e], share_row[e] = gbs, share
     busy = [f"{e} run {i}" for e in engines for i, r in enumerate(results[e]) if r["busy"]]
     if busy:
-        lines.append(f"BUSY MACHINE: other processes used > {BUSY_CORES} cores during {', '.join(busy)}: "
-                     "their figures are low")
+        lines.append(f"BUSY MACHINE: other processes used > {BUSY_CORES} cores, or > {REFAULT_GIB} GiB of file "
+                     f"pages were re-read after eviction, during {', '.join(busy)}: their figures are low")
     return rows + ([stream, share_row] if ours else []), lines
 
 
@@ -466,7 +483,8 @@ def main() -> None:
             cached = r["cached_gib_at_start"]
             print(f"run {run} {engine}: {rates}; file cached at start "
                   f"{'?' if cached is None else f'{cached:.1f}'} GiB, peak anon {r['anon_gib']:.1f} GiB, "
-                  f"file rss {r['file_rss_gib']:.1f} GiB, other processes {r['other_cores']:.2f} cores"
+                  f"file rss {r['file_rss_gib']:.1f} GiB, refaulted {r['refaulted_gib']:.2f} GiB, "
+                  f"other processes {r['other_cores']:.2f} cores"
                   + (" (BUSY)" if r["busy"] else ""), flush=True)
 
     rows, lines = summarize(results, engines)
