@@ -772,9 +772,23 @@ void route_token(const float* logits, int64_t E, int64_t k, int32_t* ids, float*
     for (int64_t j = 0; j < k; ++j) wts[j] /= sum;
 }
 
-// logits[t, e] = h[t] . w[e] + b[e]: 16 partial sums per dot (vectorised by the compiler at the
-// baseline ISA); a tile GEMM would pad one token to 16 and cost ~30x more at decode.
+Scratch<float> g_normed, g_router_in, g_logits;
+
+// logits[t, e] = h[t] . w[e] + b[e]. Few tokens: 16 partial sums per dot (vectorised by the
+// compiler at the baseline ISA), as the tile GEMM would pad each token group to 16 (~30x the
+// work at decode); a prompt chunk: the ISA's tile GEMM.
 void router_logits(const float* h, int64_t T, int64_t H, const float* w, const float* b, int64_t E, float* out) {
+    if (T >= 16 && H % 8 == 0) {
+        std::vector<const float*> rows(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = h + t * H;
+        float* hp = grow(g_router_in, size_t(packed_floats(T, H)));
+        g_ks->pack_a(rows.data(), T, H, hp);
+        g_ks->gemm(hp, T, w, E, H, out, E);
+        if (b)
+            for (int64_t t = 0; t < T; ++t)
+                for (int64_t e = 0; e < E; ++e) out[t * E + e] += b[e];
+        return;
+    }
     for (int64_t t = 0; t < T; ++t)
         for (int64_t e = 0; e < E; ++e) {
             const float *x = h + t * H, *r = w + e * H;
@@ -788,8 +802,6 @@ void router_logits(const float* h, int64_t T, int64_t H, const float* w, const f
             out[t * E + e] = sum + (b ? b[e] : 0.f);
         }
 }
-
-Scratch<float> g_normed, g_logits;
 }  // namespace
 }  // namespace hm
 
