@@ -236,15 +236,20 @@ class MoeBlock:
     to the top-k of h @ router_w^T + router_b (ties to the lower id), softmax over those k. The
     weights are checked once here and their pointers kept (a decode step calls it once per layer).
 
-    norm_w [H], router_w [E, H], router_b [E] float32 CPU. Needs the library and native expert types.
-    `block(x)` with x [T, H] float32 -> [T, H]; `routing_out` (ids int32, weights float32, [T, k])
-    receives the routing.
+    norm_w [H], router_w [E, H], router_b [E] float32 CPU; `supports(experts)` says whether it can
+    run. Calling it with x [T, H] float32 gives [T, H]; `routing_out` (ids int32, weights float32,
+    [T, k]) receives the routing.
     """
+
+    @staticmethod
+    def supports(experts: ExpertTensors) -> bool:
+        """The library is loaded and has kernels for these expert types."""
+        return LIB is not None and experts.ggml_type in BLOCK_BYTES and experts.down_type in BLOCK_BYTES
 
     def __init__(self, norm_w: torch.Tensor, eps: float, router_w: torch.Tensor, router_b: torch.Tensor | None,
                  k: int, experts: ExpertTensors, swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
                  act: Activations = Activations.FP32):
-        if LIB is None or experts.ggml_type not in BLOCK_BYTES or experts.down_type not in BLOCK_BYTES:
+        if not self.supports(experts):
             raise RuntimeError("MoeBlock needs the kernel library and expert types it multiplies")
         self.hidden, E = experts.dims()[0], experts.num_experts
         if not 1 <= k <= E:

@@ -27,8 +27,7 @@ class CpuExperts:
         self.experts = experts
         self.alpha, self.limit = alpha, limit
         self.act = act
-        # `block` can run: the library is loaded and multiplies these expert types
-        self.fuses_block = kernels.available() and {experts.ggml_type, experts.down_type} <= set(kernels.BLOCK_BYTES)
+        self.fuses_block = kernels.MoeBlock.supports(experts)  # `block` can run
         self._block: kernels.MoeBlock | None = None
 
     def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
